@@ -1,0 +1,204 @@
+"""Tandem co-generation on the transformers path: one batched decode loop, one KV cache per model.
+
+Every decode step runs exactly one forward pass of the senior and one of the junior over the whole batch, then
+draws each sequence's next token from the tandem mixture of :mod:`tandem_grpo.handoff` (the one implementation of
+the handoff rule). There is no Python loop over sequences inside the loop.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+from transformers.generation.logits_process import (
+    LogitsProcessorList,
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from .handoff import BoundaryTables, HandoffRule, advance, boundary_mask, init_state, mixture_logprobs
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling settings, with the meaning and defaults of TRL's ``GRPOConfig`` fields of the same names.
+
+    ``temperature`` and ``repetition_penalty`` act on each model's logits before mixing; ``top_k``, ``top_p`` and
+    ``min_p`` truncate the mixture (so a self-paired tandem samples exactly like the model alone).
+
+    Raises:
+        ValueError: ``temperature <= 0`` (tandem rollouts sample; there is no greedy tandem).
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int | None = 0
+    min_p: float | None = None
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature!r} must be > 0 for tandem sampling.")
+
+    def per_model(self) -> LogitsProcessorList:
+        steps = LogitsProcessorList()
+        if self.repetition_penalty != 1.0:
+            steps.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
+        if self.temperature != 1.0:
+            steps.append(TemperatureLogitsWarper(self.temperature))
+        return steps
+
+    def truncation(self) -> LogitsProcessorList:
+        steps = LogitsProcessorList()
+        if self.top_k:
+            steps.append(TopKLogitsWarper(self.top_k))
+        if self.top_p is not None and self.top_p < 1.0:
+            steps.append(TopPLogitsWarper(self.top_p))
+        if self.min_p:
+            steps.append(MinPLogitsWarper(self.min_p))
+        return steps
+
+
+@dataclass
+class TandemGeneration:
+    """Output of :func:`tandem_generate`; every tensor is ``[B, T]`` with ``T <= max_new_tokens``.
+
+    Attributes:
+        completion_ids: long, right-padded with the pad id after each sequence's EOS.
+        completion_mask: long, 1 up to and including the first EOS.
+        authorship: long, 1 where the senior wrote the token, 0 where the junior did (the authorship mask).
+        unit_starts: bool, the token began a new unit (a handoff decision was taken there).
+    """
+
+    completion_ids: torch.Tensor
+    completion_mask: torch.Tensor
+    authorship: torch.Tensor
+    unit_starts: torch.Tensor
+
+    def to_lists(self) -> tuple[list[list[int]], list[list[int]]]:
+        """Per-sequence ``(completion_ids, authorship)`` lists, cut at the end of each completion."""
+        lengths = self.completion_mask.sum(dim=1).tolist()
+        ids = [row[:n] for row, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
+        authors = [row[:n] for row, n in zip(self.authorship.tolist(), lengths, strict=True)]
+        return ids, authors
+
+
+def _step(model: PreTrainedModel, cache: DynamicCache, ids, attention_mask, position_ids) -> torch.Tensor:
+    out = model(
+        input_ids=ids,
+        attention_mask=attention_mask,
+        position_ids=position_ids,
+        past_key_values=cache,
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    return out.logits[:, -1, :].float()
+
+
+@torch.no_grad()
+def tandem_generate(
+    senior: PreTrainedModel,
+    junior: PreTrainedModel,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    *,
+    rule: HandoffRule,
+    tables: BoundaryTables | None = None,
+    tokenizer=None,
+    sampling: SamplingSettings | None = None,
+    max_new_tokens: int = 256,
+    eos_token_ids: list[int] | None = None,
+    pad_token_id: int | None = None,
+    seeds: torch.Tensor | None = None,
+    generator: torch.Generator | None = None,
+    junior_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+) -> TandemGeneration:
+    """Co-generate completions with a senior and a junior (paper section 3; the rule is in :mod:`.handoff`).
+
+    Args:
+        senior, junior: causal LMs with the same logits width ``V``; both are only read.
+        input_ids, attention_mask: long ``[B, P]`` left-padded prompts, on the models' device.
+        rule: the handoff rule. tables: boundary tables for ``V`` (built from ``tokenizer`` when omitted).
+        sampling: per-model and mixture sampling settings (default: plain sampling at temperature 1).
+        max_new_tokens: completion length cap, in tokens.
+        eos_token_ids, pad_token_id: default to the tokenizer's.
+        seeds: long ``[B]`` coin-stream seeds (default ``0..B-1``); ``generator`` drives the token draws.
+        junior_context: entered around every junior forward (a PEFT senior with its adapter disabled can serve
+            as its own junior: pass the senior as ``junior`` and ``senior.disable_adapter`` here).
+
+    Returns:
+        :class:`TandemGeneration` with ``[B, T]`` tensors.
+
+    Raises:
+        ValueError: the models' logits widths differ, or neither ``tables`` nor ``tokenizer`` is given.
+    """
+    sampling = sampling or SamplingSettings()
+    device = input_ids.device
+    batch = input_ids.shape[0]
+    if eos_token_ids is None or pad_token_id is None:
+        if tokenizer is None:
+            raise ValueError("Pass `eos_token_ids` and `pad_token_id`, or a `tokenizer` to take them from.")
+        eos_token_ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
+        pad_token_id = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
+    if tables is None:
+        if tokenizer is None:
+            raise ValueError("Pass boundary `tables` or a `tokenizer` to build them from.")
+        tables = BoundaryTables.from_tokenizer(tokenizer, senior.config.get_text_config().vocab_size, eos_token_ids)
+    tables = tables.to(device)
+    seeds = torch.arange(batch, device=device) if seeds is None else seeds.to(device)
+    junior_context = junior_context or contextlib.nullcontext
+    per_model, truncation = sampling.per_model(), sampling.truncation()
+
+    senior_cache, junior_cache = DynamicCache(), DynamicCache()
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    senior_logits = _step(senior, senior_cache, input_ids, attention_mask, position_ids)
+    with junior_context():
+        junior_logits = _step(junior, junior_cache, input_ids, attention_mask, position_ids)
+    if senior_logits.shape[-1] != junior_logits.shape[-1]:
+        raise ValueError(
+            f"Senior and junior logits differ in width ({senior_logits.shape[-1]} vs {junior_logits.shape[-1]}): "
+            "tandem generation needs one shared vocabulary."
+        )
+    next_position = position_ids[:, -1:] + 1
+
+    state = init_state(seeds, rule)
+    history = input_ids  # only the repetition penalty reads it
+    finished = torch.zeros(batch, dtype=torch.bool, device=device)
+    tokens, authors, starts, alive = [], [], [], []
+    for _ in range(max_new_tokens):
+        senior_lp = torch.log_softmax(per_model(history, senior_logits), dim=-1)
+        junior_lp = torch.log_softmax(per_model(history, junior_logits), dim=-1)
+        mixed = truncation(history, mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
+        token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
+        token = torch.where(finished, pad_token_id, token)
+        state, author, start = advance(state, token, tables, rule)
+        tokens.append(token)
+        authors.append(author)
+        starts.append(start)
+        alive.append(~finished)
+        finished = finished | tables.is_eos[token]
+        if bool(finished.all()):
+            break
+        step_ids = token.unsqueeze(1)
+        history = torch.cat([history, step_ids], dim=1) if sampling.repetition_penalty != 1.0 else history
+        attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
+        senior_logits = _step(senior, senior_cache, step_ids, attention_mask, next_position)
+        with junior_context():
+            junior_logits = _step(junior, junior_cache, step_ids, attention_mask, next_position)
+        next_position = next_position + 1
+
+    if not tokens:
+        empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
+        return TandemGeneration(empty, empty, empty, empty.bool())
+    return TandemGeneration(
+        completion_ids=torch.stack(tokens, dim=1),
+        completion_mask=torch.stack(alive, dim=1).long(),
+        authorship=torch.stack(authors, dim=1),
+        unit_starts=torch.stack(starts, dim=1),
+    )

