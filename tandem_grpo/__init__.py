@@ -1,0 +1,8 @@
+"""tandem-grpo: Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166) for Hugging Face TRL."""
+
+from .config import TandemGRPOConfig
+from .handoff import HandoffRule
+from .trainer import TandemGRPOTrainer
+
+__version__ = "0.1.0"
+__all__ = ["HandoffRule", "TandemGRPOConfig", "TandemGRPOTrainer", "__version__"]

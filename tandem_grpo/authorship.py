@@ -1,0 +1,45 @@
+"""Turning an authorship mask into something a person can read: spans of text and who wrote them."""
+
+from __future__ import annotations
+
+import html
+from itertools import groupby
+
+from .handoff import SENIOR
+
+JUNIOR_OPEN, JUNIOR_CLOSE = "⟦", "⟧"
+
+
+def authorship_spans(token_ids: list[int], authorship: list[int], tokenizer) -> list[tuple[str, int]]:
+    """Merge runs of tokens by the same author into ``(text, author)`` spans (author 1 senior, 0 junior).
+
+    A run is decoded as a whole so multi-byte characters split across tokens come out whole; special tokens
+    (EOS, padding) are dropped.
+
+    Raises:
+        ValueError: ``token_ids`` and ``authorship`` differ in length.
+    """
+    if len(token_ids) != len(authorship):
+        raise ValueError(f"{len(token_ids)} token ids but {len(authorship)} authorship entries.")
+    spans = []
+    position = 0
+    for author, run in groupby(authorship):
+        n = len(list(run))
+        text = tokenizer.decode(token_ids[position : position + n], skip_special_tokens=True)
+        position += n
+        if text:
+            spans.append((text, int(author)))
+    return spans
+
+
+def mark_junior_text(spans: list[tuple[str, int]]) -> str:
+    """Plain text with the junior's spans in ⟦…⟧, for logs and the trainer's completions table."""
+    return "".join(text if author == SENIOR else f"{JUNIOR_OPEN}{text}{JUNIOR_CLOSE}" for text, author in spans)
+
+
+def spans_to_html(spans: list[tuple[str, int]]) -> str:
+    """An HTML fragment: senior text in blue, junior text in orange (CSS classes ``senior`` and ``junior``)."""
+    return "".join(
+        f'<span class="{"senior" if author == SENIOR else "junior"}">{html.escape(text)}</span>'
+        for text, author in spans
+    )

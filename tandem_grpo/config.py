@@ -1,0 +1,93 @@
+"""TandemGRPOConfig: TRL's GRPOConfig plus the tandem fields (paper section 3 and its ablations)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from trl import GRPOConfig
+
+from .handoff import HandoffRule, validate_rule_fields
+
+
+@dataclass
+class TandemGRPOConfig(GRPOConfig):
+    r"""
+    Configuration for [`TandemGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the ones below.
+
+    Parameters:
+        handoff_granularity (`str`, *optional*, defaults to `"word"`):
+            What a unit is: `"token"`, `"word"` (paper default) or `"sentence"`. A unit is written by one model.
+        junior_probability (`float`, *optional*, defaults to `0.5`):
+            Chance in [0, 1] that a new unit is written by the junior (paper: 0.5). `0` gives plain GRPO rollouts.
+        max_gap_tokens (`int`, *optional*, defaults to `32`):
+            A unit that has lasted this many tokens forces a handoff decision (paper: 32).
+        junior_model_name_or_path (`str` or `None`, *optional*, defaults to `None`):
+            The frozen junior. `None` is self-pairing: a frozen copy of the senior's initial weights.
+        junior_token_loss_weight (`float`, *optional*, defaults to `0.0`):
+            Loss weight of junior-written tokens; senior tokens weigh 1 (the authorship mask).
+        kl_to_junior (`bool`, *optional*, defaults to `False`):
+            The paper's ablation: senior-only rollouts plus TRL's per-token KL term toward the junior, with
+            coefficient `beta` (which must then be > 0).
+
+    Differences from `GRPOConfig`: `bf16` left unset resolves to `False` when no CUDA device supports bf16, so the
+    same command runs on a CPU machine (TRL would default to `True` and transformers would refuse it there).
+
+    Raises:
+        ValueError: a field outside its range, naming the field, the value and the allowed range.
+    """
+
+    handoff_granularity: str = field(
+        default="word",
+        metadata={
+            "help": "Handoff unit: 'token', 'word' (default, as in the paper) or 'sentence'.",
+            "choices": ["token", "word", "sentence"],
+        },
+    )
+    junior_probability: float = field(
+        default=0.5,
+        metadata={"help": "Probability in [0, 1] that the junior writes each new unit (paper: 0.5). 0 = plain GRPO."},
+    )
+    max_gap_tokens: int = field(
+        default=32,
+        metadata={"help": "A unit that has lasted this many tokens (>= 1) forces a handoff decision (paper: 32)."},
+    )
+    junior_model_name_or_path: str | None = field(
+        default=None,
+        metadata={
+            "help": "Frozen junior model. None (default) = self-pairing: a frozen copy of the senior's initial "
+            "weights. Otherwise any causal LM with the senior's tokenizer vocabulary."
+        },
+    )
+    junior_token_loss_weight: float = field(
+        default=0.0,
+        metadata={"help": "Loss weight (>= 0) on tokens the junior wrote; the senior's tokens weigh 1."},
+    )
+    kl_to_junior: bool = field(
+        default=False,
+        metadata={
+            "help": "Ablation: no co-generation; senior-only rollouts plus a per-token KL penalty toward the junior "
+            "with coefficient `beta` (must be > 0)."
+        },
+    )
+
+    def __post_init__(self) -> None:
+        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens)
+        weight = self.junior_token_loss_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
+            raise ValueError(f"junior_token_loss_weight={weight!r} must be a number >= 0.")
+        if self.kl_to_junior and not self.beta > 0:
+            raise ValueError(
+                f"kl_to_junior=True needs beta > 0 (got beta={self.beta!r}): beta is the KL coefficient toward the "
+                "junior. Set e.g. beta=0.04."
+            )
+        if self.junior_model_name_or_path is not None and not str(self.junior_model_name_or_path).strip():
+            raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")
+        if self.bf16 is None and not self.fp16:
+            self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
+        super().__post_init__()
+
+    @property
+    def handoff_rule(self) -> HandoffRule:
+        """The rule these fields describe, for :func:`tandem_grpo.generation.tandem_generate`."""
+        return HandoffRule(self.handoff_granularity, float(self.junior_probability), int(self.max_gap_tokens))
