@@ -1,0 +1,88 @@
+"""Shared fixtures: a tokenizer and tiny random Llama models built in the test (fast), and the real SmolLM2."""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import pytest
+import torch
+from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+# Letters glue into words; " x" starts a word; "." "!" "?" end sentences; "\n" starts a word and ends a sentence.
+_LETTERS = list(string.ascii_lowercase[:8])
+TINY_VOCAB = ["<pad>", "<eos>"] + _LETTERS + [" " + c for c in _LETTERS] + ["1", "2", " 1", ".", "!", "?", "\n"]
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    vocab = {tok: i for i, tok in enumerate(TINY_VOCAB)}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r" ?[a-h12]|[.!?\n]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
+
+
+def build_tiny_model(seed: int, vocab_size: int = len(TINY_VOCAB)) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        max_position_embeddings=512,
+        pad_token_id=0,
+        eos_token_id=1,
+        bos_token_id=None,
+        tie_word_embeddings=False,
+    )
+    model = LlamaForCausalLM(config)
+    with torch.no_grad():  # sharper than the default init, so the two tiny models really differ
+        model.lm_head.weight.mul_(40)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer() -> PreTrainedTokenizerFast:
+    return build_tiny_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dirs(tmp_path_factory, tiny_tokenizer) -> tuple[str, str]:
+    """Two different tiny models (senior, junior) saved with the tiny tokenizer."""
+    paths = []
+    for name, seed in (("senior", 0), ("junior", 1)):
+        path = tmp_path_factory.mktemp(name)
+        build_tiny_model(seed).save_pretrained(path)
+        tiny_tokenizer.save_pretrained(path)
+        paths.append(str(path))
+    return paths[0], paths[1]
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> str:
+    from tandem_grpo.models import resolve_model_path
+
+    try:
+        return resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    except OSError as err:
+        pytest.skip(f"SmolLM2-135M-Instruct unavailable: {err}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_tokenizer(smollm2_path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(smollm2_path)
+
+
+@pytest.fixture(scope="session")
+def gsm8k_train() -> Path:
+    path = SHARED_DATA / "gsm8k" / "train.jsonl"
+    if not path.is_file():
+        pytest.skip(f"{path} missing (the shared data folder sits next to the repository)")
+    return path

@@ -1,0 +1,206 @@
+"""The transformers co-generation loop on tiny random models (fast) and its statistics."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, build_tiny_model
+
+from tandem_grpo.generation import SamplingSettings, tandem_generate
+from tandem_grpo.handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule, draw_owners, init_state
+
+
+@pytest.fixture(scope="module")
+def models():
+    return build_tiny_model(0), build_tiny_model(1)
+
+
+@pytest.fixture(scope="module")
+def tables(tiny_tokenizer):
+    return BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+
+
+def _prompts(tokenizer, n: int, texts=("ab c", "d", "e f.\ng")):
+    tokenizer.padding_side = "left"
+    enc = tokenizer([texts[i % len(texts)] for i in range(n)], return_tensors="pt", padding=True)
+    return enc.input_ids, enc.attention_mask
+
+
+def _generate(models, tokenizer, tables, rule, n=64, tokens=40, seed=0, **kw):
+    senior, junior = models
+    ids, mask = _prompts(tokenizer, n)
+    return tandem_generate(
+        senior,
+        junior,
+        ids,
+        mask,
+        rule=rule,
+        tables=tables,
+        max_new_tokens=tokens,
+        eos_token_ids=[1],
+        pad_token_id=0,
+        seeds=torch.arange(n) + 1000 * seed,
+        generator=torch.Generator().manual_seed(seed),
+        **kw,
+    )
+
+
+def _chi2_sf(stat: float, dof: int) -> float:
+    return float(torch.special.gammaincc(torch.tensor(dof / 2.0, dtype=torch.float64), torch.tensor(stat / 2.0)))
+
+
+@pytest.mark.parametrize("granularity", ["token", "word", "sentence"])
+def test_probability_zero_and_one_give_single_authors(models, tiny_tokenizer, tables, granularity):
+    for p, author in ((0.0, SENIOR), (1.0, JUNIOR)):
+        out = _generate(models, tiny_tokenizer, tables, HandoffRule(granularity, p, 32), n=16, tokens=20)
+        written = out.authorship[out.completion_mask.bool()]
+        assert written.numel() > 0 and bool((written == author).all()), (granularity, p)
+
+
+@pytest.mark.parametrize("p", [0.3, 0.5, 0.8])
+def test_junior_unit_fraction_matches_probability(models, tiny_tokenizer, tables, p):
+    out = _generate(models, tiny_tokenizer, tables, HandoffRule("word", p, 32), n=96, tokens=40)
+    mask = out.completion_mask.bool()
+    starts = out.unit_starts & mask
+    junior_units = (starts & (out.authorship == JUNIOR)).sum().item()
+    units = starts.sum().item()
+    assert units > 500
+    sd = math.sqrt(p * (1 - p) / units)
+    assert abs(junior_units / units - p) < 4 * sd, (junior_units / units, p)
+
+
+def test_no_unit_exceeds_max_gap(models, tiny_tokenizer, tables):
+    def longest_unit(out) -> int:
+        longest = 0
+        for starts, m in zip(out.unit_starts.tolist(), out.completion_mask.tolist(), strict=True):
+            run = 0
+            for s, alive in zip(starts, m, strict=True):
+                if not alive:
+                    break
+                run = 1 if s else run + 1
+                longest = max(longest, run)
+        return longest
+
+    # Sentence units are long under these models; without the cap some unit runs past 3 tokens ...
+    uncapped = _generate(models, tiny_tokenizer, tables, HandoffRule("sentence", 0.5, 1000), n=32, tokens=40)
+    assert longest_unit(uncapped) > 3
+    # ... and with the cap none does.
+    capped = _generate(models, tiny_tokenizer, tables, HandoffRule("sentence", 0.5, 3), n=32, tokens=40)
+    assert longest_unit(capped) == 3
+
+
+def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer, tables):
+    """Tandem(senior, copy of senior) vs the senior's exact two-token distribution, chi-square at 0.1 %."""
+    senior = models[0]
+    n = 4000
+    out = tandem_generate(
+        senior,
+        build_tiny_model(0),
+        *_prompts(tiny_tokenizer, n, texts=("ab c",)),
+        rule=HandoffRule("word", 0.5, 32),
+        tables=tables,
+        max_new_tokens=2,
+        eos_token_ids=[1],
+        pad_token_id=0,
+        seeds=torch.arange(n),
+        generator=torch.Generator().manual_seed(7),
+    )
+    handed_off = (out.authorship == JUNIOR).any(dim=1).double().mean().item()
+    assert 0.3 < handed_off < 0.9, "the test must exercise real handoffs"
+    prompt = torch.tensor([tiny_tokenizer("ab c").input_ids])
+    with torch.no_grad():
+        p1 = torch.softmax(senior(prompt).logits[0, -1].double(), -1)
+        seconds = torch.cat([prompt.repeat(len(TINY_VOCAB), 1), torch.arange(len(TINY_VOCAB))[:, None]], dim=1)
+        p2 = torch.softmax(senior(seconds).logits[:, -1].double(), -1)
+    expected = (p1[:, None] * p2).flatten() * n
+    expected[1 * len(TINY_VOCAB) : 2 * len(TINY_VOCAB)] = 0  # after EOS the second token is padding
+    expected[1 * len(TINY_VOCAB)] = p1[1] * n
+    pairs = out.completion_ids[:, 0] * len(TINY_VOCAB) + out.completion_ids[:, 1]
+    observed = torch.bincount(pairs, minlength=len(TINY_VOCAB) ** 2).double()
+    big = expected >= 5
+    rest_obs, rest_exp = observed[~big].sum(), expected[~big].sum()
+    stat = (((observed[big] - expected[big]) ** 2) / expected[big]).sum().item()
+    stat += ((rest_obs - rest_exp) ** 2 / rest_exp).item() if rest_exp >= 5 else 0.0
+    dof = int(big.sum().item()) + (1 if rest_exp >= 5 else 0) - 1
+    assert _chi2_sf(stat, dof) > 1e-3, (stat, dof)
+
+
+def test_mixture_sampling_matches_the_literal_two_stage_rule(models, tiny_tokenizer, tables):
+    """Sampling from the mixture vs the rule as stated (sample from o; on a boundary with n != o, resample from n
+    restricted to B), implemented here independently; first two tokens, two-sample chi-square at 0.1 %."""
+    senior, junior = models
+    rule = HandoffRule("word", 0.5, 32)
+    n = 4000
+    ids, mask = _prompts(tiny_tokenizer, n, texts=("ab",))
+    tandem = tandem_generate(
+        senior, junior, ids, mask, rule=rule, tables=tables, max_new_tokens=2, eos_token_ids=[1], pad_token_id=0,
+        seeds=torch.arange(n), generator=torch.Generator().manual_seed(3),
+    )  # fmt: skip
+
+    g = torch.Generator().manual_seed(11)
+    state = init_state(torch.arange(n), rule)  # same seeds, so the same owners per unit
+    owner, nxt = state.owner.clone(), state.next_owner.clone()
+    seq = ids
+    tokens = []
+    for position in range(2):
+        with torch.no_grad():
+            p_s = torch.softmax(senior(seq, attention_mask=torch.ones_like(seq)).logits[:, -1], -1)
+            p_j = torch.softmax(junior(seq, attention_mask=torch.ones_like(seq)).logits[:, -1], -1)
+        p_o = torch.where((owner == SENIOR)[:, None], p_s, p_j)
+        p_n = torch.where((nxt == SENIOR)[:, None], p_s, p_j)
+        boundary = torch.ones_like(p_s, dtype=torch.bool) if position == 0 else tables.starts_word.expand_as(p_s)
+        x = torch.multinomial(p_o, 1, generator=g).squeeze(1)
+        in_b = boundary.gather(1, x[:, None]).squeeze(1)
+        resample = in_b & (owner != nxt)
+        x_n = torch.multinomial(p_n * boundary, 1, generator=g).squeeze(1)
+        x = torch.where(resample, x_n, x)
+        owner = torch.where(in_b, nxt, owner)
+        nxt = torch.where(in_b, torch.tensor(-1), nxt)  # a fresh draw; position 1's boundary tokens need unit 1
+        nxt = torch.where(nxt < 0, draw_owners(torch.arange(n), torch.full((n,), position + 1), 0.5), nxt)
+        tokens.append(x)
+        seq = torch.cat([seq, x[:, None]], dim=1)
+    reference = tokens[0] * len(TINY_VOCAB) + torch.where(tokens[0] == 1, 0, tokens[1])
+    got = tandem.completion_ids[:, 0] * len(TINY_VOCAB) + tandem.completion_ids[:, 1]
+    a = torch.bincount(got, minlength=len(TINY_VOCAB) ** 2).double()
+    b = torch.bincount(reference, minlength=len(TINY_VOCAB) ** 2).double()
+    keep = (a + b) >= 10
+    stat = (((a - b) ** 2 / (a + b))[keep]).sum().item()
+    assert _chi2_sf(stat, int(keep.sum()) - 1) > 1e-3, stat
+
+
+def test_generation_is_reproducible_and_stops_at_eos(models, tiny_tokenizer, tables):
+    rule = HandoffRule("word", 0.5, 32)
+    a = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=5)
+    b = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=5)
+    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.authorship, b.authorship)
+    c = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=6)
+    assert not torch.equal(a.completion_ids, c.completion_ids)
+    for ids, m in zip(a.completion_ids.tolist(), a.completion_mask.tolist(), strict=True):
+        length = sum(m)
+        assert 1 not in ids[: length - 1], "nothing is generated after EOS"
+        assert all(t == 0 for t in ids[length:]), "padding after the end"
+
+
+def test_truncation_applies_to_the_mixture(models, tiny_tokenizer, tables):
+    ids, mask = _prompts(tiny_tokenizer, 32)
+    runs = [
+        tandem_generate(
+            *models, ids, mask, rule=HandoffRule("token", 0.5, 32), tables=tables, max_new_tokens=5,
+            eos_token_ids=[1], pad_token_id=0, seeds=torch.arange(32), sampling=SamplingSettings(top_k=top_k),
+            generator=torch.Generator().manual_seed(draw),
+        ).completion_ids
+        for top_k, draw in ((1, 0), (1, 1), (0, 0), (0, 1))
+    ]  # fmt: skip
+    assert torch.equal(runs[0], runs[1]), "top_k=1 leaves one token of the mixture: the draws no longer matter"
+    assert not torch.equal(runs[2], runs[3]), "without truncation they do"
+
+
+def test_bad_sampling_and_vocab_width(models, tiny_tokenizer, tables):
+    with pytest.raises(ValueError, match="temperature"):
+        SamplingSettings(temperature=0.0)
+    wide = build_tiny_model(0, vocab_size=len(TINY_VOCAB) + 3)
+    ids, mask = _prompts(tiny_tokenizer, 2)
+    with pytest.raises(ValueError, match="logits differ in width"):
+        tandem_generate(models[0], wide, ids, mask, rule=HandoffRule(), tables=tables, eos_token_ids=[1], pad_token_id=0)

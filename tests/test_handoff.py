@@ -1,0 +1,179 @@
+"""The handoff rule: boundary sets, coins, the mixture, and authorship replay."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+from conftest import TINY_VOCAB
+
+from tandem_grpo.handoff import (
+    JUNIOR,
+    SENIOR,
+    BoundaryTables,
+    HandoffRule,
+    advance,
+    boundary_mask,
+    draw_owners,
+    init_state,
+    mixture_logprobs,
+    replay_authorship,
+)
+
+
+def _ids(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False).input_ids
+
+
+def _first_token(tokenizer, text: str) -> int:
+    return _ids(tokenizer, text)[0]
+
+
+def test_word_and_sentence_tables_on_real_smollm2_tokenizer(smollm2_tokenizer):
+    tok = smollm2_tokenizer
+    tables = BoundaryTables.from_tokenizer(tok, 49152, [tok.eos_token_id])
+    starts, ends = tables.starts_word, tables.ends_sentence
+    # A word starts at whitespace-led tokens, newlines and EOS ...
+    for text in [" the", " answer", "\n", "\n\n", " 5", " \\frac"]:
+        assert starts[_first_token(tok, text)], text
+    assert starts[tok.eos_token_id] and tables.is_eos[tok.eos_token_id]
+    # ... not inside a word, a number or a LaTeX command.
+    the, frac = _ids(tok, "the"), _ids(tok, "\\frac{1}{2}")
+    assert not starts[the[0]]
+    assert not any(starts[i] for i in frac), [tok.decode([i]) for i in frac]
+    digits = _ids(tok, " 51")  # SmolLM2 splits numbers into single digits: " ", "5", "1"
+    assert [bool(starts[i]) for i in digits] == [True] + [False] * (len(digits) - 1)
+    # Sentences end after . ! ? and newlines, not after commas or words.
+    for text in [".", "!", "?", "\n"]:
+        assert ends[_first_token(tok, text)], text
+    for text in [",", " the", "5", ":"]:
+        assert not ends[_first_token(tok, text)], text
+
+
+def test_boundary_sets_per_granularity(tiny_tokenizer):
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    seeds = torch.tensor([5])
+    v = TINY_VOCAB.index
+    for granularity in ("token", "word", "sentence"):
+        rule = HandoffRule(granularity, 0.5, 32)
+        state = init_state(seeds, rule)
+        assert boundary_mask(state, tables, rule).all(), "the first completion token is always a boundary"
+        state, _, _ = advance(state, torch.tensor([v("a")]), tables, rule)
+        b = boundary_mask(state, tables, rule)[0]
+        if granularity == "token":
+            assert b.all()
+        elif granularity == "word":
+            assert b[v(" a")] and b[v("\n")] and b[1] and not b[v("a")] and not b[v(".")]
+        else:
+            assert b.tolist() == [i == 1 for i in range(len(TINY_VOCAB))], "mid-sentence only EOS starts a unit"
+            state, _, _ = advance(state, torch.tensor([v(".")]), tables, rule)
+            assert boundary_mask(state, tables, rule).all(), "after '.' every token starts a sentence"
+
+
+def test_max_gap_forces_a_decision(tiny_tokenizer):
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    rule = HandoffRule("word", 0.5, 3)
+    state = init_state(torch.tensor([0]), rule)
+    a = torch.tensor([TINY_VOCAB.index("a")])
+    starts = []
+    for _ in range(8):
+        starts.append(bool(boundary_mask(state, tables, rule)[0, a[0]]))
+        state, _, start = advance(state, a, tables, rule)
+        assert bool(start) == starts[-1]
+    assert starts == [True, False, False, True, False, False, True, False]
+
+
+def test_coins_are_deterministic_and_match_probability():
+    seeds = torch.arange(20000)
+    for p in (0.0, 0.25, 0.5, 1.0):
+        owners = draw_owners(seeds, torch.full_like(seeds, 3), p)
+        junior_fraction = (owners == JUNIOR).double().mean().item()
+        assert abs(junior_fraction - p) < 4 * math.sqrt(p * (1 - p) / len(seeds)) + 1e-9, (p, junior_fraction)
+    a = draw_owners(seeds, torch.zeros_like(seeds), 0.5)
+    assert torch.equal(a, draw_owners(seeds, torch.zeros_like(seeds), 0.5))
+    b = draw_owners(seeds, torch.ones_like(seeds), 0.5)
+    agreement = (a == b).double().mean().item()
+    assert abs(agreement - 0.5) < 0.03, "coins of consecutive units must be independent"
+
+
+def _random_logprobs(batch: int, vocab: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    return torch.log_softmax(torch.randn(batch, vocab, generator=g) * 2, dim=-1)
+
+
+def _state(owner: list[int], next_owner: list[int]):
+    state = init_state(torch.zeros(len(owner), dtype=torch.long), HandoffRule())
+    state.owner = torch.tensor(owner)
+    state.next_owner = torch.tensor(next_owner)
+    return state
+
+
+def test_mixture_matches_the_two_stage_rule_exactly():
+    """P(x) = p_o(x) off B, p_o(B) p_n(x | B) on B, computed here by hand, row by row."""
+    vocab = 7
+    s, j = _random_logprobs(4, vocab, 0), _random_logprobs(4, vocab, 1)
+    boundary = torch.tensor([[True, False, True, False, False, True, False]] * 4)
+    state = _state([SENIOR, SENIOR, JUNIOR, JUNIOR], [SENIOR, JUNIOR, SENIOR, JUNIOR])
+    got = mixture_logprobs(s, j, state, boundary).exp()
+    for row, (o, n) in enumerate([(s, s), (s, j), (j, s), (j, j)]):
+        p_o, p_n = o[row].exp(), n[row].exp()
+        mass_o = p_o[boundary[row]].sum()
+        mass_n = p_n[boundary[row]].sum()
+        expected = torch.where(boundary[row], mass_o * p_n / mass_n, p_o)
+        torch.testing.assert_close(got[row], expected, rtol=1e-5, atol=1e-7)
+        torch.testing.assert_close(got[row].sum(), torch.tensor(1.0), rtol=1e-5, atol=1e-6)
+
+
+def test_self_pairing_mixture_is_the_model_itself():
+    lp = _random_logprobs(3, 11, 2)
+    boundary = torch.rand(3, 11, generator=torch.Generator().manual_seed(3)) < 0.4
+    state = _state([SENIOR, JUNIOR, SENIOR], [JUNIOR, SENIOR, SENIOR])
+    torch.testing.assert_close(mixture_logprobs(lp, lp.clone(), state, boundary), lp)
+
+
+def test_authors_follow_the_tokens(tiny_tokenizer):
+    """A token in B is written by the pre-drawn next owner; a token outside B by the running owner."""
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    rule = HandoffRule("word", 0.5, 32)
+    state = init_state(torch.arange(64), rule)
+    v = TINY_VOCAB.index
+    for token in ["a", " b", "c", "c", " d", "\n", "e"]:
+        before_owner, before_next = state.owner.clone(), state.next_owner.clone()
+        in_b = boundary_mask(state, tables, rule)[:, v(token)]
+        state, authors, starts = advance(state, torch.full((64,), v(token)), tables, rule)
+        assert torch.equal(starts, in_b)
+        assert torch.equal(authors, torch.where(in_b, before_next, before_owner))
+
+
+def test_replay_reproduces_step_by_step_authorship(tiny_tokenizer):
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    rule = HandoffRule("sentence", 0.5, 4)
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(2, len(TINY_VOCAB), (16, 30), generator=g)
+    seeds = torch.randint(0, 2**31 - 1, (16,), generator=g)
+    state = init_state(seeds, rule)
+    authors = []
+    for t in range(ids.shape[1]):
+        state, author, _ = advance(state, ids[:, t], tables, rule)
+        authors.append(author)
+    replayed, _ = replay_authorship(ids, seeds, tables, rule)
+    assert torch.equal(replayed, torch.stack(authors, 1))
+    other, _ = replay_authorship(ids, seeds + 1, tables, rule)
+    assert not torch.equal(other, replayed), "authorship must depend on the seed"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("granularity", "paragraph"),
+        ("junior_probability", 1.5),
+        ("junior_probability", -0.1),
+        ("max_gap_tokens", 0),
+        ("max_gap_tokens", 2.5),
+    ],
+)
+def test_rule_rejects_bad_values(field, value):
+    kwargs = {"granularity": "word", "junior_probability": 0.5, "max_gap_tokens": 32, field: value}
+    with pytest.raises(ValueError, match=repr(value).replace(".", r"\.")):
+        HandoffRule(**kwargs)
