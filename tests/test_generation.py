@@ -203,4 +203,6 @@ def test_bad_sampling_and_vocab_width(models, tiny_tokenizer, tables):
     wide = build_tiny_model(0, vocab_size=len(TINY_VOCAB) + 3)
     ids, mask = _prompts(tiny_tokenizer, 2)
     with pytest.raises(ValueError, match="logits differ in width"):
-        tandem_generate(models[0], wide, ids, mask, rule=HandoffRule(), tables=tables, eos_token_ids=[1], pad_token_id=0)
+        tandem_generate(
+            models[0], wide, ids, mask, rule=HandoffRule(), tables=tables, eos_token_ids=[1], pad_token_id=0
+        )
