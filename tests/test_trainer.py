@@ -1,0 +1,274 @@
+"""TandemGRPOConfig and TandemGRPOTrainer on tiny random models (fast), plus two real steps with SmolLM2."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+from conftest import TINY_VOCAB, build_tiny_model, build_tiny_tokenizer
+from datasets import Dataset
+from trl import GRPOConfig, GRPOTrainer
+
+from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+
+
+def length_reward(completions, **kwargs):
+    return [float(len(c)) for c in completions]
+
+
+def _config(tmp_path, **overrides) -> TandemGRPOConfig:
+    kwargs = dict(
+        output_dir=str(tmp_path / "out"),
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=12,
+        max_steps=1,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=1e-2,
+        seed=3,
+    )
+    kwargs.update(overrides)
+    return TandemGRPOConfig(**kwargs)
+
+
+def _dataset(n: int = 8) -> Dataset:
+    return Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * (n // 4)})
+
+
+def _trainer(tmp_path, model_dirs, **overrides) -> TandemGRPOTrainer:
+    return TandemGRPOTrainer(
+        model=model_dirs[0],
+        reward_funcs=length_reward,
+        args=_config(tmp_path, **overrides),
+        train_dataset=_dataset(),
+        processing_class=build_tiny_tokenizer(),
+    )
+
+
+def _rollout(trainer):
+    trainer.model.train()
+    return trainer._generate_and_score_completions([{"prompt": "ab c"}] * 4)
+
+
+# ----------------------------------------------------------------- config
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("handoff_granularity", "paragraph", "handoff_granularity='paragraph'"),
+        ("junior_probability", 1.01, "junior_probability=1.01"),
+        ("junior_probability", -0.5, "junior_probability=-0.5"),
+        ("max_gap_tokens", 0, "max_gap_tokens=0"),
+        ("junior_token_loss_weight", -1.0, "junior_token_loss_weight=-1.0"),
+        ("junior_model_name_or_path", " ", "junior_model_name_or_path"),
+    ],
+)
+def test_config_rejects_bad_fields(tmp_path, field, value, message):
+    with pytest.raises(ValueError, match=message.replace(".", r"\.")):
+        _config(tmp_path, **{field: value})
+
+
+def test_kl_to_junior_needs_beta(tmp_path):
+    with pytest.raises(ValueError, match="beta > 0"):
+        _config(tmp_path, kl_to_junior=True, beta=0.0)
+
+
+def test_config_defaults_follow_the_paper_and_run_on_cpu(tmp_path):
+    config = _config(tmp_path)
+    assert (config.handoff_granularity, config.junior_probability, config.max_gap_tokens) == ("word", 0.5, 32)
+    assert config.junior_model_name_or_path is None and config.junior_token_loss_weight == 0.0
+    assert config.bf16 is (torch.cuda.is_available() and torch.cuda.is_bf16_supported())
+    assert isinstance(config, GRPOConfig)
+
+
+# ---------------------------------------------------------------- trainer
+
+
+def test_args_must_be_a_tandem_config(tmp_path, tiny_model_dirs):
+    with pytest.raises(TypeError, match="TandemGRPOConfig"):
+        TandemGRPOTrainer(
+            model=tiny_model_dirs[0],
+            reward_funcs=length_reward,
+            args=GRPOConfig(output_dir=str(tmp_path), bf16=False),
+            train_dataset=_dataset(),
+        )
+
+
+def test_tools_are_refused_with_co_generation(tmp_path, tiny_model_dirs):
+    def add(a: int, b: int) -> int:
+        """Add.
+
+        Args:
+            a: first. b: second.
+        """
+        return a + b
+
+    with pytest.raises(ValueError, match="`tools` cannot be combined"):
+        TandemGRPOTrainer(
+            model=tiny_model_dirs[0], reward_funcs=length_reward, args=_config(tmp_path), train_dataset=_dataset(),
+            processing_class=build_tiny_tokenizer(), tools=[add],
+        )  # fmt: skip
+
+
+def test_junior_with_another_vocabulary_size_is_refused(tmp_path, tiny_model_dirs, tiny_tokenizer):
+    wide = tmp_path / "wide"
+    build_tiny_model(1, vocab_size=len(TINY_VOCAB) + 3).save_pretrained(wide)
+    tiny_tokenizer.save_pretrained(wide)
+    with pytest.raises(ValueError, match=f"{len(TINY_VOCAB)} entries, the junior's {len(TINY_VOCAB) + 3}"):
+        _trainer(tmp_path, tiny_model_dirs, junior_model_name_or_path=str(wide))
+
+
+def test_junior_with_other_token_strings_is_refused(tmp_path, tiny_model_dirs, tiny_tokenizer):
+    from tokenizers import Tokenizer, models
+
+    other = tmp_path / "other"
+    build_tiny_model(1).save_pretrained(other)
+    vocab = {tok: i for i, tok in enumerate(TINY_VOCAB)}
+    vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer(models.WordLevel(vocab, unk_token="<pad>")), pad_token="<pad>", eos_token="<eos>"
+    ).save_pretrained(other)
+    with pytest.raises(ValueError, match=r"map 2 ids to different tokens \(id 2: 'a' vs 'b'"):
+        _trainer(tmp_path, tiny_model_dirs, junior_model_name_or_path=str(other))
+
+
+def test_authorship_mask_reaches_the_loss_mask(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs)
+    inputs = _rollout(trainer)
+    authorship = trainer._authorship
+    mask = inputs["tool_mask"] * inputs["completion_mask"]
+    for row, written in zip(mask.tolist(), authorship, strict=True):
+        assert row[: len(written)] == [float(a) for a in written]
+    assert 0 < sum(map(sum, authorship)) < sum(map(len, authorship)), "both models must have written tokens"
+    assert inputs["num_items_in_batch"].item() == sum(map(sum, authorship)), "loss normalizes by senior tokens"
+
+    weighted = _trainer(tmp_path, tiny_model_dirs, junior_token_loss_weight=0.25)
+    inputs = _rollout(weighted)
+    expected = [[1.0 if a else 0.25 for a in row] for row in weighted._authorship]
+    for row, want in zip(inputs["tool_mask"].tolist(), expected, strict=True):
+        assert row[: len(want)] == pytest.approx(want)
+
+
+def _grad_after_perturbing(trainer, inputs, positions: torch.Tensor) -> torch.Tensor:
+    perturbed = dict(inputs)
+    perturbed["old_per_token_logps"] = inputs["old_per_token_logps"] + 0.7 * positions
+    trainer.model.zero_grad()
+    trainer.compute_loss(trainer.model, perturbed).backward()
+    return torch.cat([p.grad.flatten() for p in trainer.model.parameters() if p.grad is not None]).clone()
+
+
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_loss_gradient_ignores_junior_tokens_at_weight_zero(tmp_path, tiny_model_dirs, weight):
+    trainer = _trainer(tmp_path, tiny_model_dirs, junior_token_loss_weight=weight, epsilon=10.0)
+    trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop, which this test does not run
+    inputs = _rollout(trainer)
+    assert inputs["advantages"].abs().sum() > 0
+    written = inputs["completion_mask"].bool()
+    junior = written & (inputs["tool_mask"] < 1)
+    senior = written & (inputs["tool_mask"] == 1)
+    assert junior.any() and senior.any()
+    torch.manual_seed(0)
+    inputs["old_per_token_logps"] = -torch.rand(inputs["completion_ids"].shape)
+    base = _grad_after_perturbing(trainer, inputs, torch.zeros_like(junior, dtype=torch.float))
+    after_junior = _grad_after_perturbing(trainer, inputs, junior.float())
+    after_senior = _grad_after_perturbing(trainer, inputs, senior.float())
+    assert not torch.allclose(base, after_senior), "senior tokens must drive the gradient"
+    if weight == 0.0:
+        torch.testing.assert_close(base, after_junior)
+    else:
+        assert not torch.allclose(base, after_junior)
+
+
+def test_self_pairing_junior_is_a_frozen_copy_of_the_initial_senior(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs, max_steps=2)
+    junior = trainer.junior
+    before = {k: v.clone() for k, v in junior.state_dict().items()}
+    senior_before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
+    assert all(torch.equal(before[k], senior_before[k]) for k in before)
+    assert not any(p.requires_grad for p in junior.parameters()) and not junior.training
+    trainer.train()
+    assert all(torch.equal(before[k], v) for k, v in junior.state_dict().items()), "the junior never changes"
+    assert not all(torch.equal(senior_before[k], v) for k, v in trainer.model.state_dict().items())
+    logged = trainer.state.log_history[0]
+    for key in ("tandem/senior_token_fraction", "tandem/junior_unit_fraction", "tandem/handoffs_per_completion"):
+        assert key in logged
+    assert 0.0 < logged["tandem/senior_token_fraction"] < 1.0
+
+
+def test_self_pairing_reuses_the_reference_model_when_beta_is_positive(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs, beta=0.1)
+    assert trainer.junior is trainer.ref_model
+
+
+def test_probability_zero_gives_plain_grpo_rollouts(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs, junior_probability=0.0)
+    assert trainer.junior is None
+    inputs = _rollout(trainer)
+    assert "tool_mask" not in inputs
+
+
+def test_kl_to_junior_trains_solo_rollouts_with_kl_toward_the_junior(tmp_path, tiny_model_dirs):
+    trainer = _trainer(
+        tmp_path, tiny_model_dirs, kl_to_junior=True, beta=0.5, junior_model_name_or_path=tiny_model_dirs[1]
+    )
+    junior_weights = build_tiny_model(1).state_dict()
+    ref = trainer.accelerator.unwrap_model(trainer.ref_model).state_dict()
+    assert all(torch.equal(ref[k], junior_weights[k]) for k in junior_weights), "the KL reference is the junior"
+    trainer.train()
+    logged = trainer.state.log_history[0]
+    assert logged["kl"] > 0.01
+    assert not any(k.startswith("tandem/") for k in logged), "the ablation has no co-generation"
+
+
+def test_overridden_trl_internals_have_the_expected_shape():
+    """Fails when TRL changes the internals TandemGRPOTrainer overrides: update the trainer, then this test."""
+    params = list(inspect.signature(GRPOTrainer._generate_single_turn).parameters)
+    assert params == ["self", "prompt_ids", "images", "multimodal_fields", "num_generations", "has_tool_images"]
+    source = inspect.getsource(GRPOTrainer._generate)
+    assert (
+        "return prompt_ids, completion_ids, tool_mask, completions, logprobs, extra_fields, images, tool_images"
+        in (source)
+    )
+    assert "completion_ids, logprobs = self._generate_single_turn(" in source
+    scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
+    assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in scoring
+    assert 'output["tool_mask"] = tool_mask' in scoring
+    assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
+
+
+@pytest.mark.integration
+def test_two_real_training_steps_on_gsm8k_with_smollm2(tmp_path, smollm2_path, gsm8k_train):
+    from tandem_grpo.data import load_math_dataset
+    from tandem_grpo.rewards import accuracy_reward, format_reward
+
+    args = TandemGRPOConfig(
+        output_dir=str(tmp_path / "smollm2"),
+        per_device_train_batch_size=4,
+        num_generations=2,
+        max_completion_length=24,
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="steps",
+        save_steps=2,
+        seed=0,
+    )
+    trainer = TandemGRPOTrainer(
+        model=smollm2_path,
+        reward_funcs=[accuracy_reward, format_reward],
+        args=args,
+        train_dataset=load_math_dataset(str(gsm8k_train), limit=4),
+    )
+    trainer.train()
+    steps = [h for h in trainer.state.log_history if "loss" in h]
+    assert len(steps) == 2
+    for h in steps:
+        assert 0.0 < h["tandem/senior_token_fraction"] < 1.0
+        assert "rewards/accuracy_reward/mean" in h and torch.isfinite(torch.tensor(h["loss"]))
+    assert (tmp_path / "smollm2" / "checkpoint-2" / "model.safetensors").is_file()
