@@ -1,0 +1,40 @@
+"""The ``tandem-grpo`` console script: ``tandem-grpo evaluate ...`` and ``tandem-grpo vllm-serve ...``."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "evaluate": ("tandem_grpo.evaluation.cli", "Measure solo pass@k, handoff robustness, drift and legibility."),
+    "vllm-serve": ("tandem_grpo.vllm.serve", "Start a vLLM server hosting the senior and the junior (server mode)."),
+}
+
+
+def _usage() -> str:
+    lines = ["usage: tandem-grpo <command> [options]", "", "commands:"]
+    lines += [f"  {name:<12} {summary}" for name, (_, summary) in COMMANDS.items()]
+    lines += ["", "Run `tandem-grpo <command> --help` for a command's options."]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help"):
+        print(_usage())
+        return 0
+    if argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(__version__)
+        return 0
+    command, rest = argv[0], argv[1:]
+    if command not in COMMANDS:
+        print(f"tandem-grpo: unknown command {command!r}.\n\n{_usage()}", file=sys.stderr)
+        return 2
+    module = importlib.import_module(COMMANDS[command][0])
+    return int(module.main(rest) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
