@@ -272,3 +272,19 @@ def test_two_real_training_steps_on_gsm8k_with_smollm2(tmp_path, smollm2_path, g
         assert 0.0 < h["tandem/senior_token_fraction"] < 1.0
         assert "rewards/accuracy_reward/mean" in h and torch.isfinite(torch.tensor(h["loss"]))
     assert (tmp_path / "smollm2" / "checkpoint-2" / "model.safetensors").is_file()
+
+
+def test_peft_senior_pairs_with_its_own_base_weights(tmp_path, tiny_model_dirs):
+    peft = pytest.importorskip("peft")
+    trainer = TandemGRPOTrainer(
+        model=tiny_model_dirs[0],
+        reward_funcs=length_reward,
+        args=_config(tmp_path),
+        train_dataset=_dataset(),
+        processing_class=build_tiny_tokenizer(),
+        peft_config=peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]),
+    )
+    assert trainer.junior is None and trainer._junior_context == "disable_adapter", "no second copy of the weights"
+    inputs = _rollout(trainer)
+    written = inputs["completion_mask"].bool()
+    assert (inputs["tool_mask"][written] == 0).any() and (inputs["tool_mask"][written] == 1).any()
