@@ -1,0 +1,48 @@
+"""Evaluation suite of Tandem RL (arXiv 2606.28166, section 5): solo capability, handoff robustness, distribution
+drift and legibility to the junior, as a library (:func:`evaluate`) and the ``tandem-grpo evaluate`` command
+(:func:`tandem_grpo.evaluation.cli.main`).
+
+Modules: :mod:`.metrics` (pass@k, bootstrap intervals, KL, drift reversal, cross-entropy, overlap),
+:mod:`.steps` (reasoning-step splitting), :mod:`.schedules` (handoff schedules), :mod:`.backends` (solo
+generation), :mod:`.report` (results.json, plots, HTML) and :mod:`.runner` (the orchestration).
+"""
+
+from .backends import GenerationBackend, GenerationSettings, TransformersBackend, create_backend
+from .metrics import (
+    bootstrap_mean,
+    capability,
+    drift_reversal,
+    legibility,
+    marginal_kl,
+    pass_at_k,
+    smoothed_distribution,
+    token_counts,
+)
+from .runner import EvaluationConfig, EvaluationError, evaluate
+from .schedules import ScheduleOutput, step_schedule, word_handoff_schedule
+from .steps import handover_region, prefix_end, split_steps, step_spans
+
+__all__ = [
+    "EvaluationConfig",
+    "EvaluationError",
+    "GenerationBackend",
+    "GenerationSettings",
+    "ScheduleOutput",
+    "TransformersBackend",
+    "bootstrap_mean",
+    "capability",
+    "create_backend",
+    "drift_reversal",
+    "evaluate",
+    "handover_region",
+    "legibility",
+    "marginal_kl",
+    "pass_at_k",
+    "prefix_end",
+    "smoothed_distribution",
+    "split_steps",
+    "step_schedule",
+    "step_spans",
+    "token_counts",
+    "word_handoff_schedule",
+]

@@ -1,0 +1,437 @@
+"""The numbers of the evaluation suite: solo capability, distribution drift, legibility to the junior.
+
+Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 5 (evaluation):
+pass@k and accuracy (5.1), handoff robustness (5.2, scored with the same pass@k), marginal-token drift and the
+tokens GRPO shifts that tandem training moves back (5.3), and the junior's cross-entropy and distribution overlap
+on the senior's text (5.4).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+DEFAULT_KL_SMOOTHING = 0.1
+"""Additive pseudo-count per vocabulary entry for marginal token distributions (see :func:`smoothed_distribution`).
+
+A full add-one (Laplace) count would put ~49k pseudo-tokens on SmolLM2's vocabulary, comparable to the ~50k
+tokens of a 100-problem evaluation, and flatten every distribution towards uniform; 0.1 keeps unseen tokens finite
+while letting the observed counts dominate."""
+
+
+# ----------------------------------------------------------------------------------------------- solo capability
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k estimate for one problem: ``1 - C(n - c, k) / C(n, k)``.
+
+    Follows Chen et al. 2021 ("Evaluating Large Language Models Trained on Code", eq. 1 and its numerically stable
+    product form ``1 - prod_{i=n-c+1}^{n} (1 - k / i)``).
+
+    Args:
+        n: samples drawn for the problem (``>= 1``).
+        c: correct samples among them (``0 <= c <= n``).
+        k: the k of pass@k (``1 <= k <= n``).
+
+    Returns:
+        The probability, in [0, 1], that at least one of ``k`` samples drawn without replacement from the ``n`` is
+        correct.
+
+    Raises:
+        ValueError: a value outside the ranges above (``k > n`` names both and the fix).
+    """
+    if n < 1:
+        raise ValueError(f"pass_at_k needs n >= 1 samples, got n={n}.")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k needs 0 <= c <= n, got c={c}, n={n}.")
+    if not 1 <= k <= n:
+        raise ValueError(
+            f"pass@{k} needs 1 <= k <= n; only n={n} samples per problem were drawn. Draw more or lower k."
+        )
+    if n - c < k:
+        return 1.0
+    prod = 1.0
+    for i in range(n - c + 1, n + 1):
+        prod *= 1.0 - k / i
+    return 1.0 - prod
+
+
+def per_problem_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> list[float]:
+    """:func:`pass_at_k` for each problem; ``correct[i]`` holds the per-sample verdicts of problem ``i``."""
+    return [pass_at_k(len(row), int(sum(bool(x) for x in row)), k) for row in correct]
+
+
+def per_problem_accuracy(correct: Sequence[Sequence[bool]]) -> list[float]:
+    """Fraction of correct samples for each problem (the problem's accuracy@n, n = its sample count).
+
+    Raises:
+        ValueError: a problem with no samples.
+    """
+    out = []
+    for i, row in enumerate(correct):
+        if len(row) == 0:
+            raise ValueError(f"problem {i} has no samples; accuracy needs at least one.")
+        out.append(sum(bool(x) for x in row) / len(row))
+    return out
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A mean over problems with its confidence interval.
+
+    Attributes:
+        value: the mean over problems. low, high: the interval bounds. confidence: e.g. 0.95.
+        method: how the interval was computed. num_problems: problems averaged.
+    """
+
+    value: float
+    low: float
+    high: float
+    confidence: float
+    method: str
+    num_problems: int
+
+    def to_dict(self) -> dict:
+        return {
+            "value": self.value,
+            "ci_low": self.low,
+            "ci_high": self.high,
+            "confidence": self.confidence,
+            "ci_method": self.method,
+            "num_problems": self.num_problems,
+        }
+
+
+def bootstrap_mean(
+    values: Sequence[float], confidence: float = 0.95, num_resamples: int = 2000, seed: int = 0
+) -> Estimate:
+    """Mean of per-problem ``values`` with a percentile-bootstrap confidence interval over problems.
+
+    Problems are resampled with replacement ``num_resamples`` times with a ``torch.Generator`` seeded by ``seed``
+    (so reruns report the same interval); the bounds are the ``(1 - confidence) / 2`` and
+    ``(1 + confidence) / 2`` quantiles (linear interpolation) of the resampled means. The interval treats problems
+    as the random unit and the samples within a problem as fixed, as is usual for benchmark pass@k.
+
+    Args:
+        values: one number per problem (e.g. :func:`per_problem_pass_at_k`). confidence: in (0, 1).
+
+    Returns:
+        :class:`Estimate` with ``method="percentile bootstrap over problems (B resamples, seed S)"``.
+
+    Raises:
+        ValueError: ``values`` empty or ``confidence`` outside (0, 1).
+    """
+    if len(values) == 0:
+        raise ValueError("bootstrap_mean needs at least one problem; the dataset is empty.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+    data = torch.tensor([float(v) for v in values], dtype=torch.float64)
+    mean = float(data.mean())
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, len(data), (num_resamples, len(data)), generator=generator)
+    means = data[index].mean(dim=1)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = torch.quantile(means, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)).tolist()
+    return Estimate(
+        value=mean,
+        low=float(low),
+        high=float(high),
+        confidence=confidence,
+        method=f"percentile bootstrap over problems ({num_resamples} resamples, seed {seed})",
+        num_problems=len(data),
+    )
+
+
+def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int = 0, confidence: float = 0.95) -> dict:
+    """pass@k for each ``k`` in ``ks`` and mean accuracy, each with a bootstrap interval (paper section 5.1).
+
+    Args:
+        correct: ``[num_problems][n]`` per-sample verdicts. ks: the k values, each ``<= n``.
+        seed, confidence: of the bootstrap intervals (:func:`bootstrap_mean`).
+
+    Returns:
+        ``{"pass@k": Estimate dict, ..., "mean_accuracy": Estimate dict, "num_samples": n,
+        "correct_per_problem": [c_i, ...]}``.
+
+    Raises:
+        ValueError: empty ``correct``, or a ``k`` larger than a problem's sample count.
+    """
+    if len(correct) == 0:
+        raise ValueError("No problems to score: the dataset is empty.")
+    out: dict = {}
+    for k in ks:
+        out[f"pass@{k}"] = bootstrap_mean(per_problem_pass_at_k(correct, k), confidence, seed=seed).to_dict()
+    out["mean_accuracy"] = bootstrap_mean(per_problem_accuracy(correct), confidence, seed=seed).to_dict()
+    out["num_samples"] = len(correct[0])
+    out["correct_per_problem"] = [int(sum(bool(x) for x in row)) for row in correct]
+    return out
+
+
+# ------------------------------------------------------------------------------------------------ drift (5.3)
+
+
+def token_counts(completions: Sequence[Sequence[int]], vocab_size: int) -> torch.Tensor:
+    """How often each vocabulary id occurs in ``completions`` (completion tokens only, EOS included).
+
+    Args:
+        completions: token id lists, each already cut at its end. vocab_size: ``V``.
+
+    Returns:
+        float64 ``[V]`` counts.
+
+    Raises:
+        ValueError: an id outside ``[0, V)``.
+    """
+    counts = torch.zeros(vocab_size, dtype=torch.float64)
+    flat = [t for row in completions for t in row]
+    if flat:
+        ids = torch.tensor(flat, dtype=torch.long)
+        if int(ids.min()) < 0 or int(ids.max()) >= vocab_size:
+            raise ValueError(f"token id {int(ids.max())} is outside the vocabulary of size {vocab_size}.")
+        counts.index_add_(0, ids, torch.ones_like(ids, dtype=torch.float64))
+    return counts
+
+
+def smoothed_distribution(counts: torch.Tensor, smoothing: float = DEFAULT_KL_SMOOTHING) -> torch.Tensor:
+    """Additive smoothing: ``p(v) = (count(v) + smoothing) / (sum(count) + smoothing * V)``.
+
+    Args:
+        counts: ``[V]`` non-negative counts. smoothing: pseudo-count per entry, ``> 0``
+            (default :data:`DEFAULT_KL_SMOOTHING` = 0.1).
+
+    Returns:
+        float64 ``[V]``, strictly positive, sums to 1.
+
+    Raises:
+        ValueError: ``smoothing <= 0`` (a zero probability makes the KL infinite).
+    """
+    if not smoothing > 0:
+        raise ValueError(f"smoothing={smoothing!r} must be > 0 so that every token has non-zero probability.")
+    counts = counts.double()
+    return (counts + smoothing) / (counts.sum() + smoothing * counts.numel())
+
+
+def kl_divergence(p: torch.Tensor, q: torch.Tensor) -> float:
+    """``KL(p || q) = sum_v p(v) (log p(v) - log q(v))`` in nats, for strictly positive ``[V]`` distributions."""
+    p, q = p.double(), q.double()
+    return float((p * (p.log() - q.log())).sum())
+
+
+def marginal_kl(
+    counts_model: torch.Tensor, counts_base: torch.Tensor, smoothing: float = DEFAULT_KL_SMOOTHING
+) -> float:
+    """KL(model || base) in nats between the smoothed marginal token distributions of two sets of completions.
+
+    The marginal distribution is the unigram frequency of completion tokens over the vocabulary (paper section
+    5.3), smoothed by :func:`smoothed_distribution` with the same ``smoothing`` on both sides.
+
+    Args:
+        counts_model, counts_base: float ``[V]`` from :func:`token_counts`.
+    """
+    return kl_divergence(smoothed_distribution(counts_model, smoothing), smoothed_distribution(counts_base, smoothing))
+
+
+def drift_reversal(
+    counts_base: torch.Tensor,
+    counts_grpo: torch.Tensor,
+    counts_tandem: torch.Tensor,
+    top_n: int = 500,
+    smoothing: float = DEFAULT_KL_SMOOTHING,
+) -> dict:
+    """The ``top_n`` tokens GRPO shifted most, and the fraction a tandem checkpoint moves back (paper: N=500, 87%).
+
+    With ``p_m`` the smoothed marginal distribution of model ``m`` (:func:`smoothed_distribution`) and
+    ``shift_m(v) = log p_m(v) - log p_base(v)``:
+
+    - GRPO's top-N tokens are the ``top_n`` ids with the largest ``|shift_grpo(v)|`` (ties broken by lower id);
+    - a token is *moved back* when ``|shift_tandem(v)| < |shift_grpo(v)|``, i.e. the tandem checkpoint's
+      frequency of it is closer to the base's (in log space) than GRPO's is;
+    - ``fraction_moved_back`` is the moved-back count over the number selected. Only tokens with a non-zero GRPO
+      shift are candidates, so fewer than ``top_n`` are selected when fewer moved (NaN when none did).
+
+    Args:
+        counts_base, counts_grpo, counts_tandem: float ``[V]`` token counts of each model's completions.
+        top_n: N (the number actually used, at most ``V``, is returned as ``"top_n"``).
+
+    Returns:
+        ``{"top_n", "fraction_moved_back", "num_moved_back", "token_ids", "grpo_shift", "tandem_shift"}``; the
+        last three are lists in GRPO-shift order (largest first), shifts in nats.
+
+    Raises:
+        ValueError: ``top_n < 1`` or count tensors of different sizes.
+    """
+    if top_n < 1:
+        raise ValueError(f"top_n={top_n!r} must be >= 1.")
+    if not counts_base.shape == counts_grpo.shape == counts_tandem.shape:
+        raise ValueError(
+            f"token counts differ in vocabulary size: base {tuple(counts_base.shape)}, grpo "
+            f"{tuple(counts_grpo.shape)}, tandem {tuple(counts_tandem.shape)}."
+        )
+    log_base = smoothed_distribution(counts_base, smoothing).log()
+    grpo_shift = smoothed_distribution(counts_grpo, smoothing).log() - log_base
+    tandem_shift = smoothed_distribution(counts_tandem, smoothing).log() - log_base
+    # Tokens GRPO did not shift at all (equal counts, e.g. unseen by both) are no candidates: counting them as
+    # "not moved back" would dilute the fraction when fewer than N tokens moved.
+    n = min(top_n, int((grpo_shift != 0).sum()))
+    # A stable sort on (-|shift|) keeps ties in id order, so the selection is deterministic.
+    order = torch.sort(-grpo_shift.abs(), stable=True).indices[:n]
+    moved_back = tandem_shift[order].abs() < grpo_shift[order].abs()
+    return {
+        "top_n": n,
+        "num_moved_back": int(moved_back.sum()),
+        "fraction_moved_back": float(moved_back.double().mean()) if n else float("nan"),
+        "token_ids": order.tolist(),
+        "grpo_shift": grpo_shift[order].tolist(),
+        "tandem_shift": tandem_shift[order].tolist(),
+    }
+
+
+# ------------------------------------------------------------------------------------------- legibility (5.4)
+
+
+def masked_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """Summed ``-log softmax(logits)[target]`` over masked positions, and the number of positions.
+
+    Args:
+        logits: float ``[B, T, V]``, the predictive logits for each target position.
+        targets: long ``[B, T]``. mask: ``[B, T]``, 1 where the position counts.
+
+    Returns:
+        ``(sum in nats, count)``; divide for the per-token mean.
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    nll = -logp.gather(-1, targets.to(logits.device).unsqueeze(-1)).squeeze(-1)
+    mask = mask.to(logits.device).bool()
+    return float(nll[mask].double().sum()), int(mask.sum())
+
+
+def masked_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
+    """Summed per-position overlap ``sum_v min(p_a(v), p_b(v))`` over masked positions, and the count.
+
+    The overlap is 1 for identical distributions and 0 for disjoint supports (it equals 1 minus the total
+    variation distance). ``p = softmax(logits)`` at temperature 1.
+
+    Args:
+        logits_a, logits_b: float ``[B, T, V]``. mask: ``[B, T]``.
+
+    Returns:
+        ``(sum, count)``.
+    """
+    # Accumulate in float64: a float32 sum over ~50k entries drifts by ~1e-5 from the exact value.
+    overlap = torch.minimum(torch.softmax(logits_a.float(), dim=-1), torch.softmax(logits_b.float(), dim=-1)).sum(
+        -1, dtype=torch.float64
+    )
+    mask = mask.to(overlap.device).bool()
+    return float(overlap[mask].double().sum()), int(mask.sum())
+
+
+def pad_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad prompts and right-pad completions into one teacher-forcing batch.
+
+    Returns:
+        ``(input_ids [B, P + T], attention_mask [B, P + T], completion_ids [B, T], completion_mask [B, T])`` with
+        ``P`` the longest prompt and ``T`` the longest completion (at least 1).
+    """
+    p_len = max(len(p) for p in prompts)
+    t_len = max(1, max(len(c) for c in completions))
+    ids, attn, comp, comp_mask = [], [], [], []
+    for p, c in zip(prompts, completions, strict=True):
+        p_pad, c_pad = p_len - len(p), t_len - len(c)
+        ids.append([pad_token_id] * p_pad + list(p) + list(c) + [pad_token_id] * c_pad)
+        attn.append([0] * p_pad + [1] * (len(p) + len(c)) + [0] * c_pad)
+        comp.append(list(c) + [pad_token_id] * c_pad)
+        comp_mask.append([1] * len(c) + [0] * c_pad)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return as_long(ids), as_long(attn), as_long(comp), as_long(comp_mask)
+
+
+def completion_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion: int
+) -> torch.Tensor:
+    """Teacher-forced logits that predict the last ``num_completion`` tokens of ``input_ids``.
+
+    Position ids follow the attention mask (``cumsum - 1``), as ``generate`` does for left-padded prompts, so a
+    padded row sees the same positions as the same row alone. Only the needed positions' logits are materialized
+    (``logits_to_keep``), which keeps ``[B, T, V]`` memory to the completion.
+
+    Args:
+        model: a causal LM. input_ids, attention_mask: long ``[B, L]`` from :func:`pad_batch`.
+        num_completion: ``T``.
+
+    Returns:
+        float ``[B, T, V]``: row ``t`` is the model's prediction for completion token ``t``.
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids.to(device),
+        logits_to_keep=num_completion + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :].float()
+
+
+@torch.no_grad()
+def legibility(
+    senior,
+    junior,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int,
+    batch_size: int = 4,
+    progress=None,
+) -> dict:
+    """Junior per-token cross-entropy on the senior's completions and per-token overlap (paper section 5.4).
+
+    Both models are teacher-forced on ``prompt + completion``; only completion tokens count. The cross-entropy is
+    ``-log p_junior(token | prefix)`` in nats, and the overlap ``sum_v min(p_senior(v | prefix), p_junior(v |
+    prefix))`` at temperature 1; both are averaged over all completion tokens pooled (a token-weighted mean, so
+    long completions weigh more). Empty completions contribute nothing.
+
+    Args:
+        senior: the model that wrote ``completions`` (``None`` skips the overlap). junior: the frozen junior.
+        prompts: prompt token ids (chat template applied). completions: completion ids, cut after EOS.
+        pad_token_id: filler id (masked out). batch_size: sequences per forward pass.
+        progress: optional tqdm-like object, ``update(n)`` is called per batch.
+
+    Returns:
+        ``{"junior_cross_entropy": nats/token, "overlap": mean in [0, 1] or None, "num_tokens": int}``.
+
+    Raises:
+        ValueError: ``prompts`` and ``completions`` of different lengths, or logits widths that differ.
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
+    ce_sum, overlap_sum, count = 0.0, 0.0, 0
+    for start in range(0, len(prompts), batch_size):
+        batch_p = prompts[start : start + batch_size]
+        batch_c = completions[start : start + batch_size]
+        input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
+        t_len = comp.shape[1]
+        junior_logits = completion_logits(junior, input_ids, attn, t_len)
+        s, n = masked_token_cross_entropy(junior_logits, comp, comp_mask)
+        ce_sum, count = ce_sum + s, count + n
+        if senior is not None:
+            # The same module in both roles gives identical distributions: skip the second forward pass.
+            senior_logits = junior_logits if senior is junior else completion_logits(senior, input_ids, attn, t_len)
+            if senior_logits.shape[-1] != junior_logits.shape[-1]:
+                raise ValueError(
+                    f"senior and junior logits differ in width ({senior_logits.shape[-1]} vs "
+                    f"{junior_logits.shape[-1]}); they need one shared vocabulary."
+                )
+            overlap_sum += masked_overlap(senior_logits, junior_logits, comp_mask)[0]
+            del senior_logits
+        del junior_logits
+        if progress is not None:
+            progress.update(len(batch_p))
+    return {
+        "junior_cross_entropy": ce_sum / count if count else float("nan"),
+        "overlap": (overlap_sum / count if count else float("nan")) if senior is not None else None,
+        "num_tokens": count,
+    }

@@ -1,0 +1,272 @@
+"""Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
+
+(a) :func:`word_handoff_schedule`: the training rule itself (a coin at every word boundary, junior with
+    probability p), through :func:`tandem_grpo.generation.tandem_generate`.
+(b) :func:`step_schedule`: one model writes the first ``s`` reasoning steps (:mod:`.steps`), the other continues to
+    the end. "Senior first" continues senior completions with the junior; the mirror continues junior completions
+    with the senior.
+
+Every schedule returns per-token authorship (1 = senior, 0 = junior), so what it promises can be checked.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
+from .backends import GenerationBackend, GenerationSettings, cut_at_eos, derive_seed
+from .steps import handover_region
+
+
+@dataclass
+class ScheduleOutput:
+    """Completions of one schedule, one per prompt row.
+
+    Attributes:
+        name: e.g. ``"word_p0.5"``, ``"senior_first_s2"``.
+        completion_ids: token ids of each completion, cut after EOS.
+        authorship: same shapes as ``completion_ids``; 1 = senior wrote the token, 0 = junior.
+        handed_over: for step schedules, whether the row was continued by the second model (``False``: the first
+            model's completion had ``s`` steps or fewer and stands unchanged); ``None`` for the word rule.
+        settings: what produced the completions (for ``results.json``).
+    """
+
+    name: str
+    completion_ids: list[list[int]]
+    authorship: list[list[int]]
+    handed_over: list[bool] | None = None
+    settings: dict = field(default_factory=dict)
+
+    def senior_token_fraction(self) -> float:
+        """Share of all completion tokens written by the senior (NaN without tokens)."""
+        total = sum(len(a) for a in self.authorship)
+        return sum(sum(a) for a in self.authorship) / total if total else float("nan")
+
+    def exhausted_fraction(self) -> float | None:
+        """Share of rows where the schedule named more steps than the first completion had (no handover)."""
+        if self.handed_over is None:
+            return None
+        return 1.0 - sum(self.handed_over) / len(self.handed_over) if self.handed_over else float("nan")
+
+
+def word_schedule_name(rule: HandoffRule) -> str:
+    """``"<granularity>_p<junior_probability>"``, e.g. ``"word_p0.5"``."""
+    return f"{rule.granularity}_p{rule.junior_probability:g}"
+
+
+@torch.no_grad()
+def word_handoff_schedule(
+    senior,
+    junior,
+    tokenizer,
+    prompts: Sequence[Sequence[int]],
+    settings: GenerationSettings,
+    rule: HandoffRule,
+    *,
+    eos_token_ids: Sequence[int],
+    pad_token_id: int,
+    batch_size: int = 16,
+    seed: int = 0,
+    progress=None,
+) -> ScheduleOutput:
+    """Schedule (a): co-generate with the training handoff rule (paper section 3) via ``tandem_generate``.
+
+    Args:
+        senior, junior: transformers causal LMs sharing one vocabulary. tokenizer: their tokenizer.
+        prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
+        settings: sampling settings (temperature, top-p, top-k, max_new_tokens).
+        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
+        eos_token_ids, pad_token_id: token ids for ending and padding.
+        batch_size: rows per ``tandem_generate`` call. seed: coin streams use ``derive_seed(seed, "coin", row)``,
+            token draws a ``torch.Generator`` seeded per batch. progress: optional tqdm-like, updated per batch.
+
+    Returns:
+        :class:`ScheduleOutput` with the authorship ``tandem_generate`` recorded.
+    """
+    from ..generation import SamplingSettings, tandem_generate
+
+    sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+    device = next(senior.parameters()).device
+    # Built once here: tandem_generate would otherwise decode the whole vocabulary again for every batch.
+    tables = BoundaryTables.from_tokenizer(tokenizer, senior.config.get_text_config().vocab_size, list(eos_token_ids))
+    ids_out: list[list[int]] = []
+    authors_out: list[list[int]] = []
+    for b, start in enumerate(range(0, len(prompts), batch_size)):
+        batch = [list(p) for p in prompts[start : start + batch_size]]
+        width = max(len(p) for p in batch)
+        input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], dtype=torch.long)
+        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
+        seeds = torch.tensor([derive_seed(seed, "coin", start + i) for i in range(len(batch))], dtype=torch.long)
+        generator = torch.Generator(device=device).manual_seed(derive_seed(seed, "tokens", b))
+        out = tandem_generate(
+            senior,
+            junior,
+            input_ids.to(device),
+            attention_mask.to(device),
+            rule=rule,
+            tables=tables,
+            sampling=sampling,
+            max_new_tokens=settings.max_new_tokens,
+            eos_token_ids=list(eos_token_ids),
+            pad_token_id=pad_token_id,
+            seeds=seeds.to(device),
+            generator=generator,
+        )
+        ids, authors = out.to_lists()
+        ids_out.extend(ids)
+        authors_out.extend(authors)
+        if progress is not None:
+            progress.update(len(batch))
+    return ScheduleOutput(
+        name=word_schedule_name(rule),
+        completion_ids=ids_out,
+        authorship=authors_out,
+        settings={
+            "kind": "word_handoff",
+            "granularity": rule.granularity,
+            "junior_probability": rule.junior_probability,
+            "max_gap_tokens": rule.max_gap_tokens,
+        },
+    )
+
+
+def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
+    """Where to cut ``ids`` so the first model keeps exactly the text before a separator region ``[start, end]``.
+
+    Token boundaries are the decoded lengths ``len(decode(ids[:n]))`` (special tokens kept, no clean-up). The cut
+    is the last boundary inside ``[start, end]``, so the second model writes all of the next step, including
+    its first word (often a token like ``" The"`` that carries a separator space). When a single token spans
+    the whole region (a token holding both the step's last characters and the newline), the cut is the first
+    boundary at or after ``end``, so step ``s`` is never split.
+
+    Args:
+        ids: the first completion's tokens, EOS removed. start, end: from
+            :func:`tandem_grpo.evaluation.steps.handover_region`.
+
+    Returns:
+        The number of leading tokens that form the prefix (``0 < n <= len(ids)``).
+    """
+
+    def boundary(n: int) -> int:
+        return len(tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+
+    full = tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def clean(n: int) -> bool:
+        # A prefix that ends inside a multi-byte character decodes to U+FFFD, which is no real boundary.
+        text = tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return full.startswith(text)
+
+    # Decoded length grows with n (up to a transient U+FFFD mid-character): bisect for the last n <= end.
+    lo, hi = 0, len(ids)
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if boundary(mid) <= end:
+            lo = mid
+        else:
+            hi = mid - 1
+    n = lo
+    while n > 0 and not clean(n):
+        n -= 1
+    if n > 0 and boundary(n) >= start:
+        return n
+    n = lo + 1
+    while n < len(ids) and not (boundary(n) >= end and clean(n)):
+        n += 1
+    return n
+
+
+def schedule_name(first: str, num_steps: int) -> str:
+    """``"senior_first_s<k>"`` or ``"junior_first_s<k>"``."""
+    return f"{first}_first_s{num_steps}"
+
+
+def step_schedule(
+    prompts: Sequence[Sequence[int]],
+    first_completions: Sequence[Sequence[int]],
+    num_steps: int,
+    *,
+    first: str,
+    continuation: GenerationBackend,
+    tokenizer,
+    settings: GenerationSettings,
+    seed: int = 0,
+    desc: str | None = None,
+) -> ScheduleOutput:
+    """Schedule (b): the first model's first ``num_steps`` reasoning steps, then the other model to the end.
+
+    For each row, the first model's completion (e.g. its solo sample, so every ``s`` of a grid shares one set of
+    first drafts and the comparison across ``s`` is paired) is decoded without its EOS, split into steps by
+    :func:`tandem_grpo.evaluation.steps.handover_region` (blank lines, else lines), and its tokens up to the
+    separator after step ``num_steps`` are kept verbatim (no re-tokenization; :func:`handover_token_index` picks
+    the cut). ``continuation``
+    then samples from ``prompt + prefix`` with a cap of ``settings.max_new_tokens - len(prefix)`` tokens, so the
+    whole completion obeys the same length cap as a solo one.
+
+    Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand
+    over, including empty completions): the first model's whole completion stands unchanged, authored entirely by
+    the first model, and the row's ``handed_over`` is ``False``; :meth:`ScheduleOutput.exhausted_fraction` reports
+    how often that happened.
+
+    Args:
+        prompts: token-id prompts, one per row. first_completions: the first model's completions, one per row.
+        num_steps: ``s >= 1``. first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
+        continuation: backend of the other model. tokenizer: the shared tokenizer.
+        settings: sampling settings for the continuation. seed: continuation seed (derived per schedule).
+        desc: progress-bar label.
+
+    Returns:
+        :class:`ScheduleOutput` named :func:`schedule_name`; authorship is the first author on the prefix and the
+        other on the continuation.
+
+    Raises:
+        ValueError: ``first`` not ``"senior"``/``"junior"``, ``num_steps < 1``, or rows that do not match.
+    """
+    if first not in ("senior", "junior"):
+        raise ValueError(f"first={first!r} must be 'senior' or 'junior'.")
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} must be >= 1; s=0 is the second model alone (its solo score).")
+    if len(prompts) != len(first_completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(first_completions)} first completions.")
+    first_author, second_author = (SENIOR, JUNIOR) if first == "senior" else (JUNIOR, SENIOR)
+    eos = set(continuation.eos_token_ids)
+    prefixes: list[list[int] | None] = []
+    for ids in first_completions:
+        body = list(ids)
+        while body and body[-1] in eos:
+            body.pop()
+        text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        region = handover_region(text, num_steps)
+        prefixes.append(None if region is None else body[: handover_token_index(body, tokenizer, *region)])
+
+    rows = [i for i, p in enumerate(prefixes) if p is not None]
+    caps = [settings.max_new_tokens - len(prefixes[i]) for i in rows]
+    cont_prompts = [list(prompts[i]) + prefixes[i] for i in rows]
+    name = schedule_name(first, num_steps)
+    continued = (
+        continuation.generate(
+            cont_prompts,
+            settings,
+            max_new_tokens=[max(1, c) for c in caps],
+            seed=derive_seed(seed, name),
+            desc=desc or name,
+        )
+        if rows
+        else []
+    )
+    completion_ids = [list(c) for c in first_completions]
+    authorship = [[first_author] * len(c) for c in first_completions]
+    for i, cont, cap in zip(rows, continued, caps, strict=True):
+        cont = cut_at_eos(cont, continuation.eos_token_ids, cap)
+        completion_ids[i] = prefixes[i] + cont
+        authorship[i] = [first_author] * len(prefixes[i]) + [second_author] * len(cont)
+    return ScheduleOutput(
+        name=name,
+        completion_ids=completion_ids,
+        authorship=authorship,
+        handed_over=[p is not None for p in prefixes],
+        settings={"kind": "steps", "first": first, "num_steps": num_steps},
+    )

@@ -1,0 +1,87 @@
+"""Reasoning steps of a solution text, for the step-handoff schedules (paper section 5, handoff robustness).
+
+A step is a block of text separated from the next by a blank line. Solutions without any blank line (GSM8K's
+reference solutions, most short model outputs) fall back to one step per non-empty line.
+"""
+
+from __future__ import annotations
+
+import re
+
+_BLANK_LINE = re.compile(r"\n[ \t\r\f\v]*\n")
+_STEP_SEPARATOR = re.compile(r"(?:\n[ \t\r\f\v]*){2,}")
+
+
+def step_spans(text: str) -> list[tuple[int, int]]:
+    """Character spans ``(start, end)`` of the reasoning steps of ``text``, in order.
+
+    Steps are split at blank lines (a newline, optional horizontal whitespace, another newline); when ``text``
+    has no blank line, at single newlines. Each span is stripped of surrounding whitespace, and whitespace-only
+    pieces are not steps, so ``text[start:end]`` is never empty and the text between two spans is only
+    whitespace (the separator). ``text == ""`` or whitespace only gives ``[]``.
+
+    Args:
+        text: a decoded completion or reference solution.
+
+    Returns:
+        ``[(start, end), ...]`` with ``0 <= start < end <= len(text)``, increasing.
+    """
+    separator = _STEP_SEPARATOR if _BLANK_LINE.search(text) else re.compile(r"\n")
+    spans = []
+    start = 0
+    for match in separator.finditer(text):
+        spans.append((start, match.start()))
+        start = match.end()
+    spans.append((start, len(text)))
+    out = []
+    for a, b in spans:
+        piece = text[a:b]
+        stripped = piece.strip()
+        if not stripped:
+            continue
+        lead = len(piece) - len(piece.lstrip())
+        out.append((a + lead, a + lead + len(stripped)))
+    return out
+
+
+def split_steps(text: str) -> list[str]:
+    """The reasoning steps of ``text`` as strings (see :func:`step_spans` for the rule)."""
+    return [text[a:b] for a, b in step_spans(text)]
+
+
+def handover_region(text: str, num_steps: int) -> tuple[int, int] | None:
+    """The separator between step ``num_steps`` and step ``num_steps + 1`` of ``text``, as ``(start, end)``.
+
+    ``start`` is where step ``num_steps`` ends and ``end`` where the next step begins; ``text[start:end]`` is the
+    whitespace (a blank line or a newline) between them. A handover anywhere in this region leaves the first
+    ``num_steps`` steps whole to the first model and the rest of the text to the second.
+
+    Args:
+        text: the first model's decoded completion.
+        num_steps: steps to keep, ``>= 1``.
+
+    Returns:
+        ``(start, end)``, or ``None`` when ``text`` has ``num_steps`` steps or fewer (nothing is left for a second
+        model to take over; the schedules then keep the whole completion).
+
+    Raises:
+        ValueError: ``num_steps < 1``.
+    """
+    if num_steps < 1:
+        raise ValueError(f"num_steps={num_steps!r} must be >= 1 (a schedule hands over after at least one step).")
+    spans = step_spans(text)
+    if len(spans) <= num_steps:
+        return None
+    return spans[num_steps - 1][1], spans[num_steps][0]
+
+
+def prefix_end(text: str, num_steps: int) -> int | None:
+    """Character offset where step ``num_steps + 1`` starts (``handover_region(...)[1]``), or ``None``.
+
+    ``text[:prefix_end(text, s)]`` is the first ``s`` steps with the separator after them.
+
+    Raises:
+        ValueError: ``num_steps < 1``.
+    """
+    region = handover_region(text, num_steps)
+    return None if region is None else region[1]

@@ -1,0 +1,200 @@
+"""``tandem-grpo evaluate`` end to end (tiny models, and the real SmolLM2 as an integration test), its errors, and
+the report writers."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+from tandem_grpo.evaluation.cli import main
+from tandem_grpo.evaluation.report import SampleView, render_samples_html, write_results_json
+
+GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+OUTPUTS = ("results.json", "pass_at_k.png", "drift.png", "cross_entropy.png", "samples.html", "samples.jsonl")
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def gsm8k_three(tmp_path_factory) -> str:
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"{GSM8K_TEST} missing (the shared data folder sits next to the repository)")
+    path = tmp_path_factory.mktemp("data") / "gsm8k3.jsonl"
+    with GSM8K_TEST.open(encoding="utf-8") as handle:
+        path.write_text("".join(next(handle) for _ in range(3)), encoding="utf-8")
+    return str(path)
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
+    """Tiny random Llamas with the SmolLM2 tokenizer (and chat template): base/junior, a tandem and a GRPO senior."""
+    dirs = {}
+    for name, seed in (("base", 0), ("tandem", 1), ("grpo", 2)):
+        torch.manual_seed(seed)
+        config = LlamaConfig(
+            vocab_size=len(smollm2_tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+            pad_token_id=2,
+            eos_token_id=2,
+            bos_token_id=1,
+        )
+        path = tmp_path_factory.mktemp(name)
+        LlamaForCausalLM(config).save_pretrained(path)
+        smollm2_tokenizer.save_pretrained(path)
+        dirs[name] = str(path)
+    return dirs
+
+
+def _check_outputs(out: Path) -> dict:
+    for name in OUTPUTS:
+        assert (out / name).is_file() and (out / name).stat().st_size > 0, name
+    for name in OUTPUTS[1:4]:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
+    return json.loads((out / "results.json").read_text())
+
+
+def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
+    out = tmp_path / "results"
+    args = [
+        "--checkpoints",
+        tiny_dirs["tandem"],
+        "--junior",
+        tiny_dirs["base"],
+        "--grpo_checkpoint",
+        tiny_dirs["grpo"],
+    ]
+    args += ["--dataset", gsm8k_three, "--k", "2", "--max_new_tokens", "8", "--step_grid", "1", "2"]
+    args += ["--drift_top_n", "50", "--output_dir", str(out), "--no_progress", "--num_html_samples", "2"]
+    assert main(args) == 0
+    results = _check_outputs(out)
+    settings = results["settings"]
+    assert settings["k"] == 2 and settings["pass_at"] == [1, 2] and settings["num_problems"] == 3
+    assert settings["generation"]["max_new_tokens"] == 8 and settings["base"] == tiny_dirs["base"]
+    entry = results["checkpoints"][tiny_dirs["tandem"]]
+    assert set(entry["handoff"]) == {
+        "word_p0.5",
+        "senior_first_s1",
+        "junior_first_s1",
+        "senior_first_s2",
+        "junior_first_s2",
+    }
+    for block in [entry["solo"], *entry["handoff"].values()]:
+        for key in ("pass@1", "pass@2", "mean_accuracy"):
+            est = block[key]
+            assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
+        assert len(block["correct_per_problem"]) == 3
+    assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
+    assert entry["drift"]["kl_to_base_nats"] > 0.0
+    assert 0 < entry["drift_reversal"]["top_n"] <= 50
+    assert 0.0 <= entry["drift_reversal"]["fraction_moved_back"] <= 1.0
+    assert results["grpo"]["drift"]["kl_to_base_nats"] > 0.0
+    leg = entry["legibility"]
+    assert leg["junior_cross_entropy"] > 0.0 and 0.0 < leg["overlap"] < 1.0 and leg["num_tokens"] > 0
+    assert results["junior"]["legibility_self"]["junior_cross_entropy"] > 0.0
+    # samples.jsonl: every completion of every schedule, k per problem.
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    word = [r for r in records if r["schedule"] == "word_p0.5"]
+    assert len(word) == 6 and all(len(r["authorship"]) == r["num_tokens"] for r in word)
+    # The HTML shows both authors, with a legend and escaped text.
+    page = (out / "samples.html").read_text()
+    assert 'class="legend"' in page and 'class="senior"' in page and 'class="junior"' in page
+    assert "Janet" in page
+    assert "pass@2" in capsys.readouterr().out
+
+
+def _run_error(args: list[str], capsys) -> str:
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and "error:" in err
+    return err
+
+
+@pytest.fixture
+def no_model_loading(monkeypatch):
+    """Fail loudly if a test that should stop before loading weights loads any."""
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("model weights were loaded before the error was raised")
+
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", refuse)
+
+
+def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, no_model_loading, monkeypatch):
+    common = ["--checkpoints", tiny_dirs["tandem"], "--dataset", gsm8k_three, "--output_dir", str(tmp_path / "o")]
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--k", "4", "--pass_at", "1", "8"], capsys)
+    assert "--pass_at 8" in err and "--k 4" in err
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--backend", "tgi"], capsys)
+    assert "Unknown backend 'tgi'" in err
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--backend", "vllm"], capsys)
+    assert "--backend transformers" in err
+    err = _run_error(common, capsys)
+    assert "--junior" in err
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--step_grid", "0"], capsys)
+    assert "--step_grid" in err
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--temperature", "0"], capsys)
+    assert "temperature" in err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    err = _run_error(
+        ["--checkpoints", tiny_dirs["tandem"], "--junior", tiny_dirs["base"], "--dataset", str(empty)], capsys
+    )
+    assert "empty" in err and str(empty) in err
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    err = _run_error([*common, "--junior", str(tmp_path / "no-such-model")], capsys)
+    assert "no-such-model" in err
+
+
+def test_vocabulary_mismatch_is_reported(tiny_dirs, gsm8k_three, tiny_model_dirs, tmp_path, capsys, no_model_loading):
+    other_vocab = tiny_model_dirs[1]  # the conftest's tiny word-level tokenizer and model (31 tokens)
+    args = ["--checkpoints", tiny_dirs["tandem"], "--junior", other_vocab, "--dataset", gsm8k_three]
+    err = _run_error([*args, "--output_dir", str(tmp_path / "o")], capsys)
+    assert "different vocabularies" in err and tiny_dirs["tandem"] in err and other_vocab in err
+
+
+def test_report_writers(tmp_path):
+    path = write_results_json({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 0.5}}, tmp_path / "r.json")
+    assert json.loads(path.read_text()) == {"a": None, "b": [1.0, None], "c": {"d": 0.5}}
+    page = render_samples_html(
+        [SampleView("ckpt<1>", "word_p0.5", "What is 1 < 2 & 3?", "4", True, [("<script>x</script>", 1), (" y", 0)])]
+    )
+    assert "<script>" not in page and "&lt;script&gt;x&lt;/script&gt;" in page
+    assert "1 &lt; 2 &amp; 3" in page and "ckpt&lt;1&gt;" in page
+    assert '<span class="senior">&lt;script&gt;' in page and '<span class="junior"> y</span>' in page
+    assert "senior wrote this" in page and "junior wrote this" in page
+    assert math.isfinite(len(page))
+
+
+@pytest.mark.integration
+def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
+    """The real model as senior and junior on 2 GSM8K test problems (k=2, 32 new tokens)."""
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"{GSM8K_TEST} missing")
+    out = tmp_path / "smollm2"
+    args = ["--checkpoints", "HuggingFaceTB/SmolLM2-135M-Instruct", "--junior", "HuggingFaceTB/SmolLM2-135M-Instruct"]
+    args += ["--dataset", "gsm8k", "--split", "test", "--limit", "2", "--k", "2", "--max_new_tokens", "32"]
+    # One thread: on a CPU shared with other jobs, two OpenMP threads thrash and run several times slower.
+    args += ["--step_grid", "1", "--output_dir", str(out), "--no_progress", "--num_threads", "1"]
+    threads = torch.get_num_threads()
+    assert main(args) == 0
+    assert torch.get_num_threads() == threads  # restored after the run
+    results = _check_outputs(out)
+    entry = results["checkpoints"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert results["settings"]["resolved_paths"]["HuggingFaceTB/SmolLM2-135M-Instruct"] == smollm2_path
+    assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
+    # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
+    assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)
+    assert entry["legibility"]["overlap"] == pytest.approx(1.0, abs=1e-4)
+    # A real instruct model is far more predictable to itself than a uniform guess over 49152 tokens (10.8 nats).
+    assert 0.0 < entry["legibility"]["junior_cross_entropy"] < 4.0
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert any(r["text"].strip() for r in records)
+    page = (out / "samples.html").read_text()
+    assert 'class="senior"' in page and 'class="junior"' in page

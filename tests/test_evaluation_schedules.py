@@ -1,0 +1,215 @@
+"""The handoff schedules produce the authorship they promise; the transformers backend samples as documented."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from tandem_grpo.evaluation.backends import (
+    GenerationBackend,
+    GenerationSettings,
+    TransformersBackend,
+    create_backend,
+    derive_seed,
+)
+from tandem_grpo.evaluation.schedules import handover_token_index, step_schedule, word_handoff_schedule
+from tandem_grpo.handoff import BoundaryTables, HandoffRule, replay_authorship
+
+EOS = 2  # SmolLM2's <|im_end|>
+
+
+def tiny_llama(seed: int, vocab_size: int) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        pad_token_id=EOS,
+        eos_token_id=EOS,
+        bos_token_id=1,
+    )
+    return LlamaForCausalLM(config).eval()
+
+
+@pytest.fixture(scope="module")
+def tok(smollm2_tokenizer):
+    return smollm2_tokenizer
+
+
+@pytest.fixture(scope="module")
+def senior(tok):
+    return tiny_llama(0, len(tok))
+
+
+@pytest.fixture(scope="module")
+def junior(tok):
+    return tiny_llama(1, len(tok))
+
+
+class ScriptedBackend(GenerationBackend):
+    """A continuation model that always writes the same tokens, and records what it was asked."""
+
+    name = "scripted"
+
+    def __init__(self, continuation: list[int]):
+        self.continuation = continuation
+        self.eos_token_ids = [EOS]
+        self.pad_token_id = EOS
+        self.calls: list[tuple[list[list[int]], list[int]]] = []
+
+    def generate(self, prompts, settings, *, max_new_tokens=None, seed=0, desc=""):
+        self.calls.append(([list(p) for p in prompts], list(max_new_tokens)))
+        return [list(self.continuation) for _ in prompts]
+
+
+def encode(tok, text: str) -> list[int]:
+    return tok(text, add_special_tokens=False)["input_ids"]
+
+
+def prefix_len(tok, ids: list[int], text: str) -> int:
+    """Number of leading tokens of ``ids`` that decode to exactly ``text`` (tokens in context may merge)."""
+    matches = [n for n in range(len(ids) + 1) if tok.decode(ids[:n]) == text]
+    assert matches, f"no prefix of the draft decodes to {text!r}"
+    return matches[-1]
+
+
+def test_senior_first_hands_over_after_s_steps(tok):
+    prompts = [encode(tok, "Q1?"), encode(tok, "Question two?")]
+    drafts = [encode(tok, "Step one.\nStep two.\nStep three.") + [EOS], encode(tok, "Only.\nTwo.") + [EOS]]
+    cont = encode(tok, " the junior writes this") + [EOS]
+    backend = ScriptedBackend(cont)
+    settings = GenerationSettings(max_new_tokens=40)
+    out = step_schedule(prompts, drafts, 1, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+
+    assert out.name == "senior_first_s1" and out.handed_over == [True, True]
+    n0, n1 = prefix_len(tok, drafts[0], "Step one.\n"), prefix_len(tok, drafts[1], "Only.\n")
+    for row, n in ((0, n0), (1, n1)):
+        assert out.completion_ids[row][:n] == drafts[row][:n]  # the senior's own tokens, not re-tokenized text
+        assert out.completion_ids[row][n:] == cont
+        assert out.authorship[row] == [1] * n + [0] * len(cont)
+    # The junior continued from prompt + prefix, with the rest of the length budget.
+    ((asked, caps),) = backend.calls
+    assert asked == [prompts[0] + drafts[0][:n0], prompts[1] + drafts[1][:n1]]
+    assert caps == [40 - n0, 40 - n1]
+    assert out.senior_token_fraction() == pytest.approx((n0 + n1) / sum(len(c) for c in out.completion_ids))
+
+
+def test_more_steps_than_the_completion_has_keeps_the_first_completion(tok):
+    drafts = [encode(tok, "Step one.\nStep two.\nStep three.") + [EOS], encode(tok, "Only.\nTwo.") + [EOS], [EOS]]
+    backend = ScriptedBackend(encode(tok, " more") + [EOS])
+    settings = GenerationSettings(max_new_tokens=40)
+    out = step_schedule([[5]] * 3, drafts, 2, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+    # Row 0 has 3 steps: handed over after 2. Row 1 has exactly 2 and row 2 none: their drafts stand, all senior.
+    assert out.handed_over == [True, False, False]
+    assert out.exhausted_fraction() == pytest.approx(2 / 3)
+    assert out.completion_ids[1:] == drafts[1:]
+    assert out.authorship[1] == [1] * len(drafts[1]) and out.authorship[2] == [1]
+    assert len(backend.calls[0][0]) == 1  # only row 0 was continued
+    n = prefix_len(tok, drafts[0], "Step one.\nStep two.\n")
+    assert out.completion_ids[0] == drafts[0][:n] + backend.continuation
+    assert out.authorship[0] == [1] * n + [0] * 2
+
+
+def test_junior_first_mirror_and_budget(tok):
+    draft = encode(tok, "First step here.\n\nSecond step here.") + [EOS]
+    long_cont = encode(tok, " word" * 30)  # longer than the budget left, no EOS
+    backend = ScriptedBackend(long_cont)
+    settings = GenerationSettings(max_new_tokens=12)
+    out = step_schedule([[7]], [draft], 1, first="junior", continuation=backend, tokenizer=tok, settings=settings)
+    n = prefix_len(tok, draft, "First step here.\n\n")
+    assert out.completion_ids[0][:n] == draft[:n]
+    assert out.authorship[0] == [0] * n + [1] * (12 - n)  # junior prefix, senior continuation cut at the cap
+    assert len(out.completion_ids[0]) == 12
+    assert out.name == "junior_first_s1"
+    with pytest.raises(ValueError, match="first="):
+        step_schedule([[7]], [draft], 1, first="both", continuation=backend, tokenizer=tok, settings=settings)
+    with pytest.raises(ValueError, match="num_steps"):
+        step_schedule([[7]], [draft], 0, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+
+
+def test_handover_cut_lands_in_the_separator(tok):
+    # SmolLM2 merges ".\n\n " into tokens such as "ĊĊĠ": the cut is the last token boundary inside the blank line,
+    # so the whole first step stays with the first model and the second model writes all of the next word.
+    ids = encode(tok, "a.\n\n  b c")
+    text = tok.decode(ids)
+    n = handover_token_index(ids, tok, text.index("\n"), text.index("b"))
+    prefix = tok.decode(ids[:n])
+    assert prefix.startswith("a.\n") and "b" not in prefix
+    # A step glued to its separator inside one token can only be cut after that token.
+    ids2 = encode(tok, "x\ny")
+    assert tok.decode(ids2[: handover_token_index(ids2, tok, 1, 2)]) == "x\n"
+
+
+def test_step_schedule_with_the_transformers_backend(tok, junior):
+    backend = TransformersBackend(junior, tok, batch_size=2, show_progress=False)
+    drafts = [encode(tok, "One.\nTwo.\nThree.") + [EOS]] * 3
+    prompts = [encode(tok, "Solve: 1+1"), encode(tok, "Solve this: 2+2"), encode(tok, "3")]
+    settings = GenerationSettings(max_new_tokens=10)
+    out = step_schedule(prompts, drafts, 1, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+    n = prefix_len(tok, drafts[0], "One.\n")
+    for ids, authors in zip(out.completion_ids, out.authorship, strict=True):
+        assert ids[:n] == drafts[0][:n]
+        assert authors == [1] * n + [0] * (len(ids) - n)
+        assert n < len(ids) <= 10
+        assert EOS not in ids[:-1]  # cut at the first EOS
+
+
+def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
+    prompts = [encode(tok, "Tell me a story."), encode(tok, "Hi"), encode(tok, "What is 2 + 3?")]
+    settings = GenerationSettings(max_new_tokens=20)
+    rule = HandoffRule("word", 0.5)
+    out = word_handoff_schedule(
+        senior, junior, tok, prompts, settings, rule, eos_token_ids=[EOS], pad_token_id=EOS, batch_size=2, seed=7
+    )
+    assert out.name == "word_p0.5"
+    tables = BoundaryTables.from_tokenizer(tok, len(tok), [EOS])
+    all_authors = []
+    for row, (ids, authors) in enumerate(zip(out.completion_ids, out.authorship, strict=True)):
+        assert len(ids) == len(authors) > 0
+        seeds = torch.tensor([derive_seed(7, "coin", row)])
+        replayed, _ = replay_authorship(torch.tensor([ids]), seeds, tables, rule)
+        assert authors == replayed[0].tolist()  # who wrote each token is what the rule's coins decided
+        all_authors += authors
+    assert 0 < sum(all_authors) < len(all_authors)  # both models wrote some of it
+
+
+@pytest.mark.parametrize(("p", "author"), [(0.0, 1), (1.0, 0)])
+def test_word_schedule_extremes(tok, senior, junior, p, author):
+    out = word_handoff_schedule(
+        senior,
+        junior,
+        tok,
+        [encode(tok, "Hello there")],
+        GenerationSettings(max_new_tokens=8),
+        HandoffRule("word", p),
+        eos_token_ids=[EOS],
+        pad_token_id=EOS,
+    )
+    assert set(out.authorship[0]) == {author}
+
+
+def test_transformers_backend_seeding_caps_and_rng(tok, senior):
+    backend = TransformersBackend(senior, tok, batch_size=2, eos_token_ids=[EOS], show_progress=False)
+    prompts = [encode(tok, "a b c"), encode(tok, "hello"), encode(tok, "x")]
+    settings = GenerationSettings(max_new_tokens=6)
+    state = torch.get_rng_state()
+    first = backend.generate(prompts, settings, seed=3, max_new_tokens=[6, 2, 4])
+    assert torch.equal(state, torch.get_rng_state())  # the caller's RNG is untouched
+    assert first == backend.generate(prompts, settings, seed=3, max_new_tokens=[6, 2, 4])  # reproducible
+    assert [len(c) <= cap for c, cap in zip(first, [6, 2, 4], strict=True)] == [True] * 3
+    assert all(EOS not in c[:-1] for c in first)
+    assert first != backend.generate(prompts, settings, seed=4, max_new_tokens=[6, 2, 4])
+
+
+def test_backend_names(tok, senior):
+    assert isinstance(create_backend("transformers", senior, tok, show_progress=False), TransformersBackend)
+    with pytest.raises(ValueError, match="Unknown backend 'tgi'"):
+        create_backend("tgi", senior, tok)
+    with pytest.raises(ValueError, match="not implemented"):
+        create_backend("vllm", senior, tok)
+    with pytest.raises(ValueError, match="temperature"):
+        GenerationSettings(temperature=0.0)
