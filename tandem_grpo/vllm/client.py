@@ -1,0 +1,183 @@
+"""Client side of server mode: TRL's ``VLLMClient`` plus tandem requests, tandem checks and a CPU weight path.
+
+Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to vLLM's own OpenAI server started by
+``tandem-grpo vllm-serve`` (:mod:`tandem_grpo.vllm.serve`). Additions:
+
+- :meth:`TandemVLLMClient.generate_tandem`: one ``/v1/completions`` request per completion (``n=1``), each with
+  its tandem settings in ``vllm_xargs`` (vLLM turns them into ``SamplingParams.extra_args``), sent concurrently;
+  then the processor's side records are read back with the worker extension's ``tandem_pop_records`` through the
+  dev endpoint ``POST /collective_rpc``. ``n > 1`` would give every sibling the same seed, hence one request each.
+- :meth:`TandemVLLMClient.check_tandem`: fails clearly when the server is not a tandem server.
+- Weight sync without CUDA: TRL's client streams weights over vLLM's NCCL weight-transfer engine, which needs a
+  CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
+  folder and asks the server to load them (``tandem_load_weights``); trainer and server must then share a
+  filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
+- A clear ``ConnectionError`` with the command that starts the server when none answers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import tempfile
+from concurrent.futures import ThreadPoolExecutor
+
+import torch
+from trl.generation.vllm_client import VLLMClient, parse_logprobs
+
+from ..handoff import HandoffRule
+from .engine import SamplingSpec, merge_records, new_uids
+from .processor import tandem_extra_args
+
+logger = logging.getLogger(__name__)
+
+_FILE_CHUNK_BYTES = 1 << 30
+
+
+class TandemVLLMClient(VLLMClient):
+    """``VLLMClient`` for a tandem server (module docstring).
+
+    Args:
+        start_hint: the command that starts the expected server, quoted in connection errors.
+        *args, **kwargs: ``VLLMClient``'s (``base_url`` or ``host``/``server_port``, ``group_port``,
+            ``connection_timeout``).
+
+    Raises:
+        ConnectionError: no server answered within ``connection_timeout`` seconds.
+    """
+
+    def __init__(self, *args, start_hint: str | None = None, **kwargs) -> None:
+        self.start_hint = start_hint or "tandem-grpo vllm-serve --model <senior> [--junior-model <junior>]"
+        self._file_transport = False
+        self._tandem_info: dict | None = None
+        super().__init__(*args, **kwargs)
+
+    def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0):
+        try:
+            return super().check_server(total_timeout, retry_interval)
+        except OSError as exc:  # requests' ConnectionError and the builtin one are both OSErrors
+            raise ConnectionError(
+                f"No tandem vLLM server is reachable at {self.base_url} (waited {total_timeout:.0f} s). Start one "
+                f"with:\n\n    {self.start_hint}\n"
+            ) from exc
+
+    # --- tandem RPCs ----------------------------------------------------------------------------------------------
+
+    def _rpc(self, method: str, *args: str) -> list:
+        response = self.session.post(
+            f"{self.base_url}/collective_rpc", json={"method": method, "args": [str(a) for a in args]}
+        )
+        if response.status_code == 404:
+            raise RuntimeError(
+                f"The vLLM server at {self.base_url} has no /collective_rpc endpoint (it needs "
+                f"VLLM_SERVER_DEV_MODE=1). Start it with `{self.start_hint}`."
+            )
+        if response.status_code != 200:
+            raise RuntimeError(
+                f"The vLLM server at {self.base_url} failed `{method}` ({response.status_code}: "
+                f"{response.text[:300]}). Is it a tandem server? Start one with `{self.start_hint}`."
+            )
+        return response.json()["results"]
+
+    def check_tandem(self) -> dict:
+        """The server's tandem settings (``TandemWorkerExtension.tandem_info``), cached.
+
+        Raises:
+            RuntimeError: the server is not a tandem server (plain ``vllm serve``/``trl vllm-serve``).
+        """
+        if self._tandem_info is None:
+            info = self._rpc("tandem_info")[0]
+            if not isinstance(info, dict) or not info.get("is_tandem"):
+                raise RuntimeError(
+                    f"The vLLM server at {self.base_url} does not host a tandem model. Start one with "
+                    f"`{self.start_hint}`."
+                )
+            self._tandem_info = info
+        return self._tandem_info
+
+    def generate_tandem(
+        self,
+        prompts: list[list[int]],
+        seeds: list[int],
+        rule: HandoffRule,
+        spec: SamplingSpec,
+        max_concurrent_requests: int = 64,
+    ) -> tuple[list[list[int]], list[list[float]] | None, list[dict | None]]:
+        """Tandem completions, one per ``(prompt, seed)``.
+
+        Returns:
+            ``(completion_ids, mixture_logprobs, records)``: token ids, vLLM's ``log P`` per token (``NaN`` where
+            missing), and the processor's record per completion; assemble them with
+            :func:`tandem_grpo.vllm.engine.finish_rollout`.
+        """
+        if len(prompts) != len(seeds):
+            raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per completion.")
+        if not prompts:
+            return [], [], []
+        uids = new_uids(len(prompts))
+        base = {
+            "model": self.model,
+            "return_token_ids": True,
+            "return_tokens_as_token_ids": True,
+            **spec.request_fields(),
+        }
+
+        def send(i: int) -> dict:
+            xargs = tandem_extra_args(seeds[i], uids[i], rule, spec.min_p)
+            payload = {**base, "prompt": list(prompts[i]), "vllm_xargs": xargs}
+            return self._post(f"{self.base_url}/v1/completions", json=payload)["choices"][0]
+
+        with ThreadPoolExecutor(max_workers=min(max_concurrent_requests, len(prompts))) as executor:
+            choices = list(executor.map(send, range(len(prompts))))
+        completion_ids = [list(choice["token_ids"]) for choice in choices]
+        logprobs, _ = parse_logprobs([choice.get("logprobs") for choice in choices])
+        mixture = None
+        if logprobs is not None:
+            mixture = [[math.nan if lp[0] is None else float(lp[0]) for lp in seq] for seq in logprobs]
+        records = merge_records(self._rpc("tandem_pop_records", json.dumps(uids)), uids)
+        return completion_ids, mixture, records
+
+    # --- weights --------------------------------------------------------------------------------------------------
+
+    def init_communicator(self, device: torch.device | str | int = 0):
+        """TRL's NCCL weight-transfer group on CUDA; elsewhere, select the file path (module docstring)."""
+        device = torch.device("cuda", device) if isinstance(device, int) else torch.device(device)
+        if device.type == "cuda":
+            return super().init_communicator(device)
+        self.check_tandem()
+        self._file_transport = True
+        logger.warning(
+            "Trainer device is %s: senior weights reach the vLLM server through files in %s (trainer and server "
+            "must share that filesystem).",
+            device,
+            tempfile.gettempdir(),
+        )
+
+    def update_named_params(self, metadata, named_params):
+        if not self._file_transport:
+            return super().update_named_params(metadata, named_params)
+        from safetensors.torch import save_file
+
+        with tempfile.TemporaryDirectory(prefix="tandem-grpo-weights-") as folder:
+            chunk: dict[str, torch.Tensor] = {}
+            size = 0
+            for index, (name, tensor) in enumerate(named_params):
+                chunk[name] = tensor.detach().to("cpu").contiguous()
+                size += chunk[name].numel() * chunk[name].element_size()
+                if size >= _FILE_CHUNK_BYTES:
+                    self._send_file(save_file, chunk, os.path.join(folder, f"{index}.safetensors"))
+                    chunk, size = {}, 0
+            if chunk:
+                self._send_file(save_file, chunk, os.path.join(folder, "last.safetensors"))
+
+    def _send_file(self, save_file, chunk: dict, path: str) -> None:
+        save_file(chunk, path)
+        os.chmod(path, 0o644)
+        self._rpc("tandem_load_weights", path)
+        os.remove(path)
+
+    def close_communicator(self):
+        if not self._file_transport:
+            super().close_communicator()

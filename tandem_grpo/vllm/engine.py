@@ -1,0 +1,406 @@
+"""Building tandem vLLM engines and turning their outputs into (completion ids, senior logprobs, authorship).
+
+Used by every entry point: TRL colocate mode (:mod:`tandem_grpo.vllm.rollout`), the server
+(:mod:`tandem_grpo.vllm.serve`), the client (:mod:`tandem_grpo.vllm.client`), the tests and the benchmark.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from ..handoff import BoundaryTables, HandoffRule, replay_authorship
+from ._compat import ARCHITECTURE, PROCESSOR_FQCN, WORKER_EXTENSION_FQCN, check_vllm, select_v1_model_runner
+from .processor import default_eos_token_ids, tandem_extra_args
+
+#: SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor).
+SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
+
+
+def _resolve(name_or_path: str) -> str:
+    from ..models import resolve_model_path
+
+    return resolve_model_path(name_or_path)
+
+
+@functools.lru_cache(maxsize=8)
+def _tokenizer(path: str, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+
+
+def check_same_vocabulary(senior: str, junior: str, trust_remote_code: bool = False) -> None:
+    """Raise ``ValueError`` unless the two models share one vocabulary (same config ``vocab_size`` and the same
+    token-to-id map), which tandem generation needs: both models score the same token ids."""
+    from transformers import AutoConfig
+
+    sizes = [
+        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).get_text_config().vocab_size
+        for path in (senior, junior)
+    ]
+    if sizes[0] != sizes[1]:
+        raise ValueError(
+            f"The junior ({junior}) has a vocabulary of {sizes[1]} tokens and the senior ({senior}) {sizes[0]}: "
+            "tandem generation needs one shared vocabulary (same tokenizer)."
+        )
+    senior_vocab = _tokenizer(senior, trust_remote_code).get_vocab()
+    junior_vocab = _tokenizer(junior, trust_remote_code).get_vocab()
+    if senior_vocab != junior_vocab:
+        differing = sorted(set(senior_vocab.items()) ^ set(junior_vocab.items()))[:3]
+        raise ValueError(
+            f"The junior ({junior}) and the senior ({senior}) tokenizers map tokens to different ids (e.g. "
+            f"{differing}): tandem generation needs one shared vocabulary."
+        )
+
+
+def engine_eos_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
+    """EOS ids of ``model`` as TRL's GRPOTrainer builds them (tokenizer EOS, then ``generation_config.json``)."""
+    from transformers import GenerationConfig
+
+    try:
+        generation_config = GenerationConfig.from_pretrained(model)
+    except OSError:
+        generation_config = None
+    return default_eos_token_ids(_tokenizer(model, trust_remote_code), generation_config)
+
+
+def engine_kwargs(
+    model: str,
+    junior_model: str | None = None,
+    eos_token_ids: Sequence[int] | None = None,
+    trust_remote_code: bool = False,
+) -> dict:
+    """Keyword arguments that turn a vLLM engine for ``model`` into a tandem engine.
+
+    Pass them to ``vllm.LLM(model=model, **engine_kwargs(...))``; the server passes the same values as
+    ``--hf-overrides``, ``--logits-processors`` and ``--worker-extension-cls``. Also selects the V1 model runner
+    (``VLLM_USE_V2_MODEL_RUNNER=0``, see :func:`~tandem_grpo.vllm._compat.select_v1_model_runner`).
+
+    Args:
+        model: the senior's local folder or hub id (what vLLM loads; the senior's weights come from there).
+        junior_model: the junior's folder or hub id; ``None`` = a copy of the senior's initial weights.
+        eos_token_ids: the EOS ids the handoff rule treats as boundaries (default: :func:`engine_eos_token_ids`).
+        trust_remote_code: passed to ``transformers`` when reading configs and tokenizers.
+
+    Returns:
+        ``{"hf_overrides": {...}, "logits_processors": [...], "worker_extension_cls": str}``.
+
+    Raises:
+        ImportError: vLLM missing or older than the minimum version.
+        ValueError: the junior's vocabulary differs from the senior's.
+    """
+    from transformers import AutoConfig
+
+    check_vllm()
+    select_v1_model_runner()
+    architectures = list(AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code).architectures or [])
+    if not architectures or architectures == [ARCHITECTURE]:
+        raise ValueError(f"{model} has no `architectures` in its config.json (or is already a tandem config).")
+    overrides = {
+        "architectures": [ARCHITECTURE],
+        "tandem_architectures": architectures,
+        "tandem_eos_token_ids": [
+            int(i) for i in (eos_token_ids if eos_token_ids is not None else engine_eos_token_ids(model))
+        ],
+    }
+    if junior_model is not None:
+        junior_model = _resolve(junior_model)
+        check_same_vocabulary(model, junior_model, trust_remote_code)
+        overrides["tandem_junior_path"] = (
+            os.path.abspath(junior_model) if os.path.isdir(junior_model) else junior_model
+        )
+    return {
+        "hf_overrides": overrides,
+        "logits_processors": [PROCESSOR_FQCN],
+        "worker_extension_cls": WORKER_EXTENSION_FQCN,
+    }
+
+
+@functools.lru_cache(maxsize=8)
+def boundary_tables(model: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> BoundaryTables:
+    """The boundary tables the engine's processor uses (same tokenizer, width and EOS ids), on the CPU."""
+    return BoundaryTables.from_tokenizer(_tokenizer(model), vocab_size, list(eos_token_ids))
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """Sampling settings of a tandem rollout (TRL ``GRPOConfig`` names and defaults).
+
+    ``temperature``/``repetition_penalty`` apply to each model before mixing, ``top_p``/``top_k``/``min_p``
+    truncate the mixture. ``generation_kwargs`` go to ``SamplingParams`` unchanged (TRL's ``generation_kwargs``).
+
+    Raises:
+        ValueError: ``temperature <= 0`` or a senior-only option in ``generation_kwargs``.
+    """
+
+    max_tokens: int = 256
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+    generation_kwargs: tuple[tuple[str, object], ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature!r} must be > 0 for tandem sampling.")
+        bad = [k for k, v in self.generation_kwargs if k in SENIOR_ONLY_OPTIONS and v]
+        if bad:
+            raise ValueError(f"generation_kwargs {bad} act on the senior's logits alone in vLLM; not supported.")
+
+    def request_fields(self) -> dict:
+        """Plain sampling fields (``SamplingParams`` kwargs / OpenAI request fields), without the tandem ones."""
+        fields = {
+            "n": 1,
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": self.top_k,
+            "min_p": 0.0,  # applied to the mixture by the processor (tandem_min_p)
+            "repetition_penalty": self.repetition_penalty,
+            "max_tokens": self.max_tokens,
+            "logprobs": 0,
+        }
+        fields.update({k: v for k, v in self.generation_kwargs if k not in ("n", "extra_args", "seed")})
+        return fields
+
+
+def merge_records(results: Sequence[dict | None], uids: Sequence[str]) -> list[dict | None]:
+    """One record per uid from the per-worker answers of ``tandem_pop_records`` (every worker pops; with data
+    parallelism only the engine that served a request holds its record; with tensor parallelism all hold copies)."""
+    merged: list[dict | None] = []
+    for uid in uids:
+        found = None
+        for result in results:
+            if isinstance(result, dict) and result.get(uid) is not None:
+                found = result[uid]
+                break
+        merged.append(found)
+    return merged
+
+
+def new_uids(count: int) -> list[str]:
+    return [f"tandem-{uuid.uuid4().hex}" for _ in range(count)]
+
+
+def sampling_params(
+    spec: SamplingSpec,
+    seeds: Sequence[int],
+    uids: Sequence[str],
+    rule: HandoffRule | Sequence[HandoffRule] | None,
+):
+    """One ``vllm.SamplingParams`` per completion (``rule=None``: plain senior sampling, no tandem)."""
+    from vllm import SamplingParams
+
+    fields = spec.request_fields()
+    if rule is None:
+        fields["min_p"] = spec.min_p
+        return [SamplingParams(**fields) for _ in seeds]
+    return [
+        SamplingParams(**fields, extra_args=tandem_extra_args(seed, uid, current, spec.min_p))
+        for seed, uid, current in zip(seeds, uids, _rules(rule, len(seeds)), strict=True)
+    ]
+
+
+@dataclass
+class TandemRollout:
+    """Per-completion outputs (lists of length ``B``, inner lists of each completion's length ``T_i``).
+
+    Attributes:
+        completion_ids: token ids, EOS included when generated.
+        senior_logprobs: the senior's own log-prob (natural log, at the sampling temperature, under the
+            mixture's top-k/top-p/min-p truncation) of each senior token; ``NaN`` on junior tokens.
+        authorship: 1 where the senior wrote the token, 0 where the junior did (replayed from seed and tokens).
+        mixture_logprobs: what vLLM returned: ``log P`` of each token under the (truncated) mixture.
+        engine_authorship: the logits processor's own record of the authors (all tokens but the last of each
+            completion, which the engine never advanced over); equal to the prefix of ``authorship``.
+    """
+
+    completion_ids: list[list[int]]
+    senior_logprobs: list[list[float]] | None
+    authorship: list[list[int]]
+    mixture_logprobs: list[list[float]] | None
+    engine_authorship: list[list[int]]
+
+    def select(self, part: slice | Sequence[int]) -> TandemRollout:
+        """The rollout restricted to the completions in ``part`` (a slice or indices)."""
+
+        def take(values):
+            if values is None:
+                return None
+            return values[part] if isinstance(part, slice) else [values[i] for i in part]
+
+        return TandemRollout(
+            take(self.completion_ids),
+            take(self.senior_logprobs),
+            take(self.authorship),
+            take(self.mixture_logprobs),
+            take(self.engine_authorship),
+        )
+
+
+def _rules(rule: HandoffRule | Sequence[HandoffRule], count: int) -> list[HandoffRule]:
+    rules = [rule] * count if isinstance(rule, HandoffRule) else list(rule)
+    if len(rules) != count:
+        raise ValueError(f"{len(rules)} rules for {count} completions: pass one rule, or one per completion.")
+    return rules
+
+
+def replay(
+    completion_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    rule: HandoffRule | Sequence[HandoffRule],
+    tables: BoundaryTables,
+) -> list[list[int]]:
+    """Authorship of each completion from its tokens and seed (:func:`~tandem_grpo.handoff.replay_authorship`,
+    batched per rule), cut to each completion's length."""
+    rules = _rules(rule, len(completion_ids))
+    authorship: list[list[int]] = [[] for _ in completion_ids]
+    for current in dict.fromkeys(rules):
+        members = [i for i, r in enumerate(rules) if r == current]
+        width = max((len(completion_ids[i]) for i in members), default=0)
+        padded = torch.zeros(len(members), width, dtype=torch.long)
+        for row, i in enumerate(members):
+            padded[row, : len(completion_ids[i])] = torch.tensor(list(completion_ids[i]), dtype=torch.long)
+        replayed, _ = replay_authorship(padded, torch.tensor([seeds[i] for i in members]), tables, current)
+        for row, i in enumerate(members):
+            authorship[i] = replayed[row, : len(completion_ids[i])].tolist()
+    return authorship
+
+
+def finish_rollout(
+    completion_ids: list[list[int]],
+    mixture_logprobs: list[list[float]] | None,
+    records: Sequence[dict | None],
+    seeds: Sequence[int],
+    rule: HandoffRule | Sequence[HandoffRule],
+    tables: BoundaryTables,
+) -> TandemRollout:
+    """Authorship (replayed from seeds and tokens, checked against the engine's own record) and senior log-probs
+    (vLLM's ``log P`` plus the processor's correction ``c_t`` on senior tokens, ``NaN`` on junior tokens).
+
+    Args:
+        completion_ids, mixture_logprobs: per completion, from vLLM. records: the processor's record per
+        completion (``tandem_pop_records``). seeds, rule: as sent (``rule``: one, or one per completion).
+        tables: the engine's boundary tables (:func:`boundary_tables`).
+
+    Raises:
+        RuntimeError: a record is missing, or the engine's authorship disagrees with the replay (the engine and
+            the client disagree on seeds, rule or boundary tables).
+    """
+    authorship = replay(completion_ids, seeds, rule, tables)
+    senior_logprobs = None if mixture_logprobs is None else []
+    engine_authorship = []
+    for i, record in enumerate(records):
+        if record is None:
+            raise RuntimeError(f"The tandem engine kept no record for completion {i}: was it a tandem request?")
+        engine_authors = list(record["authors"])
+        if engine_authors != authorship[i][: len(engine_authors)]:
+            raise RuntimeError(
+                f"Completion {i}: the engine's authorship differs from the replay of seed {seeds[i]}; the engine "
+                "and the client disagree on the handoff rule, seeds or boundary tables."
+            )
+        engine_authorship.append(engine_authors)
+        if senior_logprobs is not None:
+            corrections = record["corrections"]
+            senior_logprobs.append(
+                [
+                    lp + (corrections[t] if t < len(corrections) else 0.0) if author == 1 else math.nan
+                    for t, (lp, author) in enumerate(zip(mixture_logprobs[i], authorship[i], strict=True))
+                ]
+            )
+    return TandemRollout(completion_ids, senior_logprobs, authorship, mixture_logprobs, engine_authorship)
+
+
+def _sampled_logprobs(output) -> list[float] | None:
+    if output.logprobs is None:
+        return None
+    values = []
+    for token, entry in zip(output.token_ids, output.logprobs, strict=True):
+        value = entry[token].logprob
+        values.append(math.nan if value is None or math.isnan(value) else float(value))
+    return values
+
+
+def generate_with_llm(
+    llm,
+    prompt_ids: Sequence[Sequence[int]],
+    seeds: Sequence[int],
+    rule: HandoffRule | Sequence[HandoffRule],
+    spec: SamplingSpec,
+) -> TandemRollout:
+    """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion).
+
+    Args:
+        llm: a ``vllm.LLM`` built with :func:`engine_kwargs`.
+        prompt_ids: ``B`` prompts as token ids (repeat a prompt to get several completions of it).
+        seeds: ``B`` coin-stream seeds (distinct per completion).
+        rule: the handoff rule, or one per completion. spec: sampling settings.
+    """
+    if len(prompt_ids) != len(seeds):
+        raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
+    uids = new_uids(len(seeds))
+    params = sampling_params(spec, seeds, uids, rule)
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=False)
+    completions = [list(out.outputs[0].token_ids) for out in outputs]
+    logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
+    logprobs = None if any(lp is None for lp in logprobs) else logprobs
+    records = merge_records(llm.collective_rpc("tandem_pop_records", args=(uids,)), uids)
+    info = engine_info(llm)
+    tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
+    return finish_rollout(completions, logprobs, records, seeds, rule, tables)
+
+
+def engine_info(llm) -> dict:
+    """The worker extension's ``tandem_info`` of an in-process ``LLM`` (cached on the object).
+
+    Raises:
+        RuntimeError: the engine is not a tandem engine.
+    """
+    info = getattr(llm, "_tandem_info", None)
+    if info is None:
+        info = llm.collective_rpc("tandem_info")[0]
+        if not info.get("is_tandem"):
+            raise RuntimeError("This vLLM engine is not a tandem engine; build it with engine_kwargs().")
+        llm._tandem_info = info
+    return info
+
+
+def build_llm(
+    model: str,
+    junior_model: str | None = None,
+    *,
+    in_process: bool = True,
+    eos_token_ids: Sequence[int] | None = None,
+    **llm_kwargs,
+):
+    """A tandem ``vllm.LLM`` for scripts and tests (the trainer builds its own through TRL; see rollout.py).
+
+    Args:
+        model, junior_model: senior and junior (resolved with :func:`tandem_grpo.models.resolve_model_path`).
+        in_process: run the engine and its single worker in this process like TRL's colocate mode
+            (``distributed_executor_backend="external_launcher"``), so the model is reachable at
+            ``llm.llm_engine.model_executor.driver_worker.model_runner.model``.
+        llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization=0.2`` on a CPU, ``max_model_len``).
+    """
+    from vllm import LLM
+
+    model = _resolve(model)
+    kwargs = engine_kwargs(model, junior_model, eos_token_ids)
+    if in_process:
+        from trl.trainer.utils import ensure_master_addr_port
+
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        ensure_master_addr_port()
+        kwargs["distributed_executor_backend"] = "external_launcher"
+    kwargs.setdefault("logprobs_mode", "processed_logprobs")
+    kwargs.update(llm_kwargs)
+    return LLM(model=model, **kwargs)

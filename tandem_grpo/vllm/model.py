@@ -1,0 +1,219 @@
+"""``TandemForCausalLM``: a senior and a frozen junior inside one vLLM engine.
+
+Both are ordinary vLLM causal-LM classes (resolved through ``ModelRegistry`` from the checkpoints' own
+architectures) built under the prefixes ``senior`` and ``junior``, so each has its own attention layers and hence its
+own paged KV cache (vLLM allocates one cache tensor per attention layer; both sets share the block table, so a
+prefix-cache hit is valid for both). Every step runs both models on the same tokens:
+
+- ``forward`` returns ``cat([senior_hidden, junior_hidden], -1)`` (``[num_tokens, H_s + H_j]``), so the rows the
+  model runner selects for sampling (``hidden_states[logits_indices]``) carry both models' states;
+- ``compute_logits`` returns the senior's logits (what vLLM's sampler, penalties, temperature and logprobs see) and
+  hands the junior's logits to :class:`~tandem_grpo.vllm.processor.TandemLogitsProcessor` through
+  :mod:`tandem_grpo.vllm._slot` (same worker process, same step, same row order).
+
+Weights: the first ``load_weights`` call (vLLM's initial load from the senior's checkpoint) loads the senior, then
+the junior either from ``tandem_junior_path`` or as a copy of the senior's freshly loaded parameters. Every later
+call (weight syncs, vLLM weight-transfer engines, ``reload_weights``) loads into the senior only: unprefixed and
+``senior.``-prefixed names go to the senior, ``junior.`` names are refused. The junior never changes.
+
+Weight syncs should go through :meth:`TandemForCausalLM.reload_senior`, which wraps the load in vLLM's in-place
+reload lifecycle (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``,
+``vllm/model_executor/model_loader/reload``) applied to the senior alone: some backends repack weights after
+loading (vLLM's CPU backend moves every linear weight into a oneDNN handle and leaves an empty parameter), so a bare
+``load_weights`` into the processed model fails there; the lifecycle restores checkpoint-format parameters,
+loads, and re-runs the processing, layer by layer.
+
+Configuration comes through ``hf_overrides`` (see :func:`tandem_grpo.vllm.engine.engine_kwargs`):
+``architectures=["TandemForCausalLM"]``, ``tandem_architectures`` (the senior checkpoint's own architectures) and
+optionally ``tandem_junior_path``.
+
+Follows the structure of vLLM's own wrappers that nest registered models (e.g. ``vllm/model_executor/models/
+llava.py``: ``init_vllm_registered_model`` + ``AutoWeightsLoader``), vLLM 0.32.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+from collections.abc import Iterable, Iterator
+
+import torch
+from torch import nn
+
+from ._slot import put_junior_logits
+
+SENIOR_PREFIX = "senior"
+JUNIOR_PREFIX = "junior"
+
+
+def _local_checkpoint_dir(name_or_path: str) -> str:
+    if os.path.isdir(name_or_path):
+        return name_or_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(name_or_path, allow_patterns=["*.json", "*.safetensors", "*.bin", "*.model"])
+
+
+def iter_checkpoint(name_or_path: str) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield ``(name, tensor)`` from a Hugging Face checkpoint folder (``*.safetensors``, else ``*.bin``).
+
+    Raises:
+        FileNotFoundError: the folder holds neither format.
+    """
+    folder = _local_checkpoint_dir(name_or_path)
+    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(file, framework="pt") as handle:
+                for key in handle.keys():  # noqa: SIM118 (safe_open is not a mapping)
+                    yield key, handle.get_tensor(key)
+        return
+    files = sorted(glob.glob(os.path.join(folder, "*.bin")))
+    if not files:
+        raise FileNotFoundError(f"No *.safetensors or *.bin weights in {folder} (junior model).")
+    for file in files:
+        yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
+
+
+def _vocab_size(config) -> int:
+    return int(config.get_text_config().vocab_size)
+
+
+class TandemForCausalLM(nn.Module):
+    """Senior + frozen junior causal LMs in one vLLM model (module docstring).
+
+    Args:
+        vllm_config: the engine's config; ``model_config.hf_config`` carries the ``tandem_*`` overrides.
+        prefix: the weight-name prefix vLLM gives this module (normally ``""``).
+
+    Raises:
+        ValueError: ``tandem_architectures`` is missing (the engine was not built with
+            :func:`tandem_grpo.vllm.engine.engine_kwargs`), or the junior's vocabulary size differs from the senior's.
+    """
+
+    def __init__(self, *, vllm_config, prefix: str = "") -> None:
+        super().__init__()
+        from vllm.model_executor.models import ModelRegistry
+        from vllm.model_executor.models.utils import maybe_prefix
+
+        model_config = vllm_config.model_config
+        hf_config = model_config.hf_config
+        architectures = list(getattr(hf_config, "tandem_architectures", None) or [])
+        if not architectures:
+            raise ValueError(
+                "TandemForCausalLM needs `hf_overrides['tandem_architectures']` (the senior's own architectures); "
+                "build the engine with tandem_grpo.vllm.engine.engine_kwargs()."
+            )
+        senior_cls, _ = ModelRegistry.resolve_model_cls(architectures, model_config)
+        self.senior = senior_cls(vllm_config=vllm_config, prefix=maybe_prefix(prefix, SENIOR_PREFIX))
+
+        self.junior_path: str | None = getattr(hf_config, "tandem_junior_path", None) or None
+        junior_vllm_config = vllm_config
+        junior_cls = senior_cls
+        if self.junior_path is not None:
+            from transformers import AutoConfig
+
+            junior_hf_config = AutoConfig.from_pretrained(
+                _local_checkpoint_dir(self.junior_path), trust_remote_code=model_config.trust_remote_code
+            )
+            if _vocab_size(junior_hf_config) != _vocab_size(hf_config):
+                raise ValueError(
+                    f"The junior ({self.junior_path}) has a vocabulary of {_vocab_size(junior_hf_config)} tokens and "
+                    f"the senior {_vocab_size(hf_config)}: tandem generation needs one shared vocabulary."
+                )
+            junior_vllm_config = vllm_config.with_hf_config(junior_hf_config)
+            if hasattr(junior_vllm_config.model_config, "hf_text_config"):
+                junior_vllm_config.model_config.hf_text_config = junior_hf_config.get_text_config()
+            junior_cls, _ = ModelRegistry.resolve_model_cls(
+                list(junior_hf_config.architectures or architectures), junior_vllm_config.model_config
+            )
+        self.junior = junior_cls(vllm_config=junior_vllm_config, prefix=maybe_prefix(prefix, JUNIOR_PREFIX))
+        self.senior_hidden_size = int(hf_config.get_text_config().hidden_size)
+        self._model_config = model_config
+        self._initial_load_done = False
+        for param in self.junior.parameters():
+            param.requires_grad_(False)
+
+    def embed_input_ids(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.senior.embed_input_ids(input_ids)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor | None,
+        positions: torch.Tensor,
+        intermediate_tensors=None,
+        inputs_embeds: torch.Tensor | None = None,
+        **kwargs,
+    ) -> torch.Tensor:
+        """Run both models on the same tokens; return ``[num_tokens, H_s + H_j]`` hidden states.
+
+        Raises:
+            NotImplementedError: ``inputs_embeds`` or pipeline-parallel ``intermediate_tensors`` (unsupported).
+        """
+        if inputs_embeds is not None or intermediate_tensors is not None:
+            raise NotImplementedError("TandemForCausalLM takes token ids only (no prompt embeds, no pipeline stages).")
+        senior_hidden = self.senior(input_ids, positions)
+        junior_hidden = self.junior(input_ids, positions)
+        return torch.cat([senior_hidden, junior_hidden], dim=-1)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
+        """Senior logits ``[n, V]`` (returned) and junior logits ``[n, V]`` (published for the logits processor)."""
+        senior_hidden = hidden_states[..., : self.senior_hidden_size]
+        junior_hidden = hidden_states[..., self.senior_hidden_size :]
+        put_junior_logits(self.junior.compute_logits(junior_hidden))
+        return self.senior.compute_logits(senior_hidden)
+
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load weights; see the module docstring for the routing. Returns the loaded parameter names (prefixed).
+
+        Raises:
+            ValueError: a ``junior.``-prefixed name after the initial load (the junior is frozen).
+        """
+        loaded = {f"{SENIOR_PREFIX}.{name}" for name in self.senior.load_weights(self._senior_names(weights))}
+        if self._initial_load_done:
+            return loaded
+        self._initial_load_done = True
+        if self.junior_path is not None:
+            junior_loaded = self.junior.load_weights(iter_checkpoint(self.junior_path))
+        else:
+            junior_loaded = self._copy_senior_into_junior()
+        return loaded | {f"{JUNIOR_PREFIX}.{name}" for name in junior_loaded}
+
+    def reload_senior(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint-format senior weights (HF names) into the running engine; the junior is untouched.
+
+        vLLM's in-place reload lifecycle on ``self.senior`` (module docstring): each senior layer is rebuilt in
+        checkpoint format, filled as soon as all of its weights have arrived, then processed for its kernel; layers
+        that receive no weight keep their current tensors. Weights may arrive one tensor at a time (they are
+        buffered per layer until the layer is complete). Returns the loaded names (prefixed).
+
+        Raises:
+            ValueError: a ``junior.``-prefixed name.
+        """
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        initialize_layerwise_reload(self.senior)
+        try:
+            return self.load_weights(weights)
+        finally:
+            finalize_layerwise_reload(self.senior, self._model_config)
+
+    def _senior_names(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+        for name, tensor in weights:
+            if name.startswith(f"{JUNIOR_PREFIX}."):
+                if self._initial_load_done:
+                    raise ValueError(f"Refusing to load {name!r}: the junior model is frozen.")
+                continue
+            yield name.removeprefix(f"{SENIOR_PREFIX}."), tensor
+
+    @torch.no_grad()
+    def _copy_senior_into_junior(self) -> set[str]:
+        # Same class and config (no junior path), so the parameter names and (vLLM-packed) shapes match one to one.
+        senior_params = dict(self.senior.named_parameters())
+        names = set()
+        for name, param in self.junior.named_parameters():
+            param.data.copy_(senior_params[name].data)
+            names.add(name)
+        return names

@@ -1,0 +1,25 @@
+"""vLLM plugin entry point: registers :class:`~tandem_grpo.vllm.model.TandemForCausalLM` in every vLLM process.
+
+vLLM runs ``vllm.general_plugins`` entry points in the main process and in each engine/worker process it spawns, so
+a registration made there is visible where the model is built (a ``ModelRegistry.register_model`` call in the main
+process alone is not: the workers are separate processes). Declared in pyproject.toml as::
+
+    [project.entry-points."vllm.general_plugins"]
+    tandem_grpo = "tandem_grpo.vllm.plugin:register"
+"""
+
+from __future__ import annotations
+
+from ._compat import ARCHITECTURE, MODEL_FQCN
+
+
+def register() -> None:
+    """Register ``TandemForCausalLM`` lazily (by module path, so vLLM imports it only when an engine uses it).
+
+    Idempotent; a no-op when it is already registered. Engines select the class with
+    ``hf_overrides={"architectures": ["TandemForCausalLM"], ...}`` (see :func:`tandem_grpo.vllm.engine.engine_kwargs`).
+    """
+    from vllm import ModelRegistry
+
+    if ARCHITECTURE not in ModelRegistry.get_supported_archs():
+        ModelRegistry.register_model(ARCHITECTURE, MODEL_FQCN)

@@ -1,0 +1,421 @@
+"""The tandem logits processor (vLLM v1 ``LogitsProcessor`` interface, V1 model runner).
+
+Per request it keeps the handoff-rule state of :mod:`tandem_grpo.handoff` (owner, pre-drawn next owner, unit length,
+unit index, sentence flag, coin seed) and, every step, replaces the request's row of the senior logits with the log
+probabilities of the tandem mixture ``P`` (:func:`~tandem_grpo.handoff.mixture_logprobs`). vLLM's sampler then
+draws the token from ``P``; the token's author is a function of the token (``advance``), so nothing else has to be
+decided here.
+
+Where it sits in vLLM's sampler (``vllm/v1/sample/sampler.py``, vLLM 0.32): the processor declares itself
+argmax-invariant, so it runs *after* vLLM has applied the penalties and the temperature to the senior's logits and
+*before* top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
+:mod:`tandem_grpo.vllm._slot`), mixes, and lets vLLM truncate the mixture with top-k/top-p, which is exactly the
+order of the transformers path (per-model transforms, mix, truncate). ``min_p`` must be passed as ``tandem_min_p``
+(vLLM's built-in min-p processor would run on the senior alone, before this one); this processor applies it to the
+mixture. Greedy requests never reach argmax-invariant processors, so tandem requests must sample
+(``temperature > 0``); :meth:`TandemLogitsProcessor.validate_params` enforces that and the other limits.
+
+Requests opt in through ``SamplingParams.extra_args`` (:func:`tandem_extra_args`); other requests in the same batch
+are left untouched (plain senior sampling), which is how the tests compare tandem with solo generation in one engine.
+
+Side records, read back by the client (:func:`pop_records`, reached through the worker extension's
+``collective_rpc``): per request uid, the author of each completion token the processor has advanced over, and per
+position the *senior-logprob correction* ``c_t``. vLLM returns ``log P(x_t)`` (processed logprobs); for a senior
+token ``log p_senior(x_t) = log P(x_t) + c_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from
+the junior to the senior at ``t`` (``P = p_j(B) p_s(x) / p_s(B)`` there) and ``c_t = 0`` everywhere else
+(``P = p_s`` on every other senior token).
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import torch
+from vllm import SamplingParams
+from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
+from vllm.v1.sample.logits_processor.builtin import process_dict_updates
+
+from ..handoff import (
+    JUNIOR,
+    SENIOR,
+    BoundaryTables,
+    HandoffRule,
+    HandoffState,
+    advance,
+    boundary_mask,
+    init_state,
+    mixture_logprobs,
+    validate_rule_fields,
+)
+from ._compat import ARCHITECTURE
+from ._slot import take_junior_logits
+
+SEED_KEY = "tandem_seed"
+UID_KEY = "tandem_uid"
+GRANULARITY_KEY = "tandem_granularity"
+PROBABILITY_KEY = "tandem_junior_probability"
+MAX_GAP_KEY = "tandem_max_gap_tokens"
+MIN_P_KEY = "tandem_min_p"
+MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
+_SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
+
+
+def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, min_p: float = 0.0) -> dict:
+    """``SamplingParams.extra_args`` (or the OpenAI server's ``vllm_xargs``) that make a request a tandem request.
+
+    Args:
+        seed: the request's coin-stream seed (any int; hashed to 32 bits by the rule).
+        uid: a string unique per request, the key of its side records (:func:`pop_records`).
+        rule: the handoff rule. min_p: min-p truncation of the mixture (0 = off); pass it here, not as
+            ``SamplingParams.min_p``.
+    """
+    return {
+        SEED_KEY: int(seed),
+        UID_KEY: str(uid),
+        GRANULARITY_KEY: rule.granularity,
+        PROBABILITY_KEY: float(rule.junior_probability),
+        MAX_GAP_KEY: int(rule.max_gap_tokens),
+        MIN_P_KEY: float(min_p),
+    }
+
+
+def is_tandem_request(params: SamplingParams) -> bool:
+    return bool(params.extra_args) and SEED_KEY in params.extra_args
+
+
+def rule_from_extra_args(extra_args: dict) -> HandoffRule:
+    return HandoffRule(
+        granularity=extra_args.get(GRANULARITY_KEY, "word"),
+        junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
+        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
+    )
+
+
+@dataclass
+class _Record:
+    """Rule state and side records of one request (by uid); survives the request leaving the batch."""
+
+    seed: int
+    rule: HandoffRule
+    prompt_len: int
+    owner: int
+    next_owner: int
+    unit_length: int = 0
+    unit_index: int = 0
+    after_sentence_end: bool = False
+    position: int = 0  # completion tokens advanced over
+    authors: list[int] = field(default_factory=list)
+    corrections: list[float] = field(default_factory=list)
+
+
+@dataclass
+class _Row:
+    record: _Record
+    prefix: list[int]  # completion tokens vLLM moved into the prompt when it resumed a preempted request
+    outputs: list[int]  # live reference to the request's output token list (vLLM appends to it)
+    prompt: list[int] | None
+    temperature: float
+    repetition_penalty: float
+    frequency_penalty: float
+    presence_penalty: float
+    min_p: float
+
+    def num_tokens(self) -> int:
+        return len(self.prefix) + len(self.outputs)
+
+    def token(self, position: int) -> int:
+        return self.prefix[position] if position < len(self.prefix) else self.outputs[position - len(self.prefix)]
+
+    def has_penalties(self) -> bool:
+        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+
+
+_RECORDS: OrderedDict[str, _Record] = OrderedDict()
+_LOCK = threading.Lock()
+
+
+def pop_records(uids: list[str]) -> dict[str, dict]:
+    """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections":
+    [...]}}`` with ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all but the
+    last token of a finished completion) and ``corrections[t]`` the senior-logprob correction of position ``t``
+    (module docstring). Unknown uids map to ``None``."""
+    with _LOCK:
+        out: dict[str, dict | None] = {}
+        for uid in uids:
+            record = _RECORDS.pop(uid, None)
+            out[uid] = None if record is None else {"authors": record.authors, "corrections": record.corrections}
+        return out
+
+
+def _state(records: list[_Record], device: torch.device) -> HandoffState:
+    def col(values, dtype=torch.long):
+        return torch.tensor(values, dtype=dtype, device=device)
+
+    return HandoffState(
+        owner=col([r.owner for r in records]),
+        next_owner=col([r.next_owner for r in records]),
+        unit_length=col([r.unit_length for r in records]),
+        unit_index=col([r.unit_index for r in records]),
+        after_sentence_end=col([r.after_sentence_end for r in records], torch.bool),
+        seeds=col([r.seed for r in records]),
+    )
+
+
+def _store(records: list[_Record], state: HandoffState) -> None:
+    fields = zip(
+        state.owner.tolist(),
+        state.next_owner.tolist(),
+        state.unit_length.tolist(),
+        state.unit_index.tolist(),
+        state.after_sentence_end.tolist(),
+        strict=True,
+    )
+    for record, (owner, next_owner, unit_length, unit_index, sentence) in zip(records, fields, strict=True):
+        record.owner, record.next_owner = owner, next_owner
+        record.unit_length, record.unit_index, record.after_sentence_end = unit_length, unit_index, sentence
+
+
+def _group_by_rule(rows: list[tuple[int, _Row]]) -> dict[HandoffRule, list[tuple[int, _Row]]]:
+    groups: dict[HandoffRule, list[tuple[int, _Row]]] = {}
+    for item in rows:
+        groups.setdefault(item[1].record.rule, []).append(item)
+    return groups
+
+
+def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """EOS ids as TRL's ``GRPOTrainer`` builds them: the tokenizer's, then the generation config's."""
+    ids = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids = [tokenizer.eos_token_id, *ids]
+    return ids
+
+
+class TandemLogitsProcessor(LogitsProcessor):
+    """Turns each tandem request's senior logits into the tandem mixture's log-probabilities (module docstring).
+
+    Constructed by vLLM in every worker: ``(vllm_config, device, is_pin_memory)``. Inactive (a no-op) on engines
+    whose model is not ``TandemForCausalLM``.
+    """
+
+    def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        model_config = vllm_config.model_config
+        self.enabled = ARCHITECTURE in (getattr(model_config.hf_config, "architectures", None) or [])
+        self.model_config = model_config
+        self.device = device
+        self.rows: dict[int, _Row] = {}
+        self._tables: tuple[BoundaryTables, BoundaryTables] | None = None
+
+    # --- vLLM interface -------------------------------------------------------------------------------------------
+
+    @classmethod
+    def validate_params(cls, params: SamplingParams) -> None:
+        """Reject tandem requests whose settings the mixture cannot honour (runs in the API process).
+
+        Raises:
+            ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``min_p`` set in SamplingParams,
+                or an option that vLLM applies to the senior's logits alone (``logit_bias``, ``min_tokens``,
+                ``bad_words``, ``allowed_token_ids``, structured outputs).
+        """
+        if not is_tandem_request(params):
+            return
+        extra = params.extra_args
+        seed, uid = extra.get(SEED_KEY), extra.get(UID_KEY)
+        if isinstance(seed, bool) or not isinstance(seed, int):
+            raise ValueError(f"{SEED_KEY}={seed!r} must be an integer.")
+        if not isinstance(uid, str) or not uid:
+            raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
+        validate_rule_fields(
+            extra.get(GRANULARITY_KEY, "word"), extra.get(PROBABILITY_KEY, 0.5), extra.get(MAX_GAP_KEY, 32)
+        )
+        min_p = extra.get(MIN_P_KEY, 0.0)
+        if not isinstance(min_p, (int, float)) or not 0.0 <= float(min_p) <= 1.0:
+            raise ValueError(f"{MIN_P_KEY}={min_p!r} must be a number in [0, 1].")
+        if params.n != 1:
+            raise ValueError(
+                f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
+                "with its own seed and uid."
+            )
+        if params.temperature < _SAMPLING_EPS:
+            raise ValueError("Tandem requests must sample (temperature > 0); there is no greedy tandem decoding.")
+        if params.min_p:
+            raise ValueError(f"Pass min_p as extra_args['{MIN_P_KEY}'] in tandem requests (it truncates the mixture).")
+        senior_only = {
+            "logit_bias": params.logit_bias,
+            "min_tokens": params.min_tokens,
+            "bad_words": params.bad_words,
+            "allowed_token_ids": params.allowed_token_ids,
+            "structured_outputs": params.structured_outputs,
+        }
+        used = [name for name, value in senior_only.items() if value]
+        if used:
+            raise ValueError(f"{used} act on the senior's logits alone in vLLM; tandem requests do not support them.")
+
+    def is_argmax_invariant(self) -> bool:
+        # Not literally true; the flag places the processor after penalties/temperature and before top-k/top-p,
+        # which is where the mixture belongs. It also means greedy rows skip it, which validate_params forbids.
+        return True
+
+    def update_state(self, batch_update: BatchUpdate | None) -> None:
+        if self.enabled:
+            process_dict_updates(self.rows, batch_update, self._new_row)
+
+    def apply(self, logits: torch.Tensor) -> torch.Tensor:
+        junior_logits = take_junior_logits() if self.enabled else None
+        if not self.rows:
+            return logits
+        if junior_logits is None or junior_logits.shape != logits.shape:
+            got = None if junior_logits is None else tuple(junior_logits.shape)
+            raise RuntimeError(
+                f"Tandem rows need the junior's logits of this step (expected {tuple(logits.shape)}, got {got}): "
+                f"the engine must run {ARCHITECTURE} with the V1 model runner and no speculative decoding."
+            )
+        items = sorted(self.rows.items())
+        tables, cpu_tables = self._boundary_tables(logits.shape[-1], logits.device)
+        self._catch_up(items, cpu_tables)
+        for rule, members in _group_by_rule(items).items():
+            self._mix(logits, junior_logits, tables, rule, members)
+        return logits
+
+    # --- internals ------------------------------------------------------------------------------------------------
+
+    def _new_row(self, params: SamplingParams, prompt: list[int] | None, outputs: list[int]) -> _Row | None:
+        if not is_tandem_request(params):
+            return None
+        extra = params.extra_args
+        uid = extra[UID_KEY]
+        with _LOCK:
+            record = _RECORDS.get(uid)
+            if record is None:
+                rule = rule_from_extra_args(extra)
+                seed = int(extra[SEED_KEY])
+                initial = init_state(torch.tensor([seed]), rule)
+                record = _Record(seed=seed, rule=rule, prompt_len=len(prompt or []), owner=0, next_owner=0)
+                _store([record], initial)
+                _RECORDS[uid] = record
+                while len(_RECORDS) > MAX_RECORDS:
+                    _RECORDS.popitem(last=False)
+            else:
+                _RECORDS.move_to_end(uid)
+        prefix = list(prompt[record.prompt_len :]) if prompt is not None else []
+        return _Row(
+            record=record,
+            prefix=prefix,
+            outputs=outputs,
+            prompt=prompt,
+            temperature=float(params.temperature),
+            repetition_penalty=float(params.repetition_penalty),
+            frequency_penalty=float(params.frequency_penalty),
+            presence_penalty=float(params.presence_penalty),
+            min_p=float(extra.get(MIN_P_KEY, 0.0)),
+        )
+
+    def _boundary_tables(self, vocab_size: int, device: torch.device) -> tuple[BoundaryTables, BoundaryTables]:
+        """Boundary tables for a logits width of ``vocab_size``, on ``device`` and on the CPU (built once)."""
+        if self._tables is None or self._tables[0].is_eos.shape[0] != vocab_size:
+            from transformers import AutoTokenizer, GenerationConfig
+
+            cfg = self.model_config
+            tokenizer = AutoTokenizer.from_pretrained(
+                cfg.tokenizer, revision=cfg.tokenizer_revision, trust_remote_code=cfg.trust_remote_code
+            )
+            eos = getattr(cfg.hf_config, "tandem_eos_token_ids", None)
+            if eos is None:
+                try:
+                    generation_config = GenerationConfig.from_pretrained(cfg.model, revision=cfg.revision)
+                except OSError:
+                    generation_config = None
+                eos = default_eos_token_ids(tokenizer, generation_config)
+            tables = BoundaryTables.from_tokenizer(tokenizer, vocab_size, list(eos))
+            self._tables = (tables.to(device), tables)
+        return self._tables
+
+    def _catch_up(self, items: list[tuple[int, _Row]], tables: BoundaryTables) -> None:
+        """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one)."""
+        while True:
+            pending = [
+                (index, row)
+                for index, row in items
+                if row.record.position < row.num_tokens() and row.token(row.record.position) >= 0
+            ]
+            if not pending:
+                return
+            for rule, members in _group_by_rule(pending).items():
+                records = [row.record for _, row in members]
+                tokens = torch.tensor([row.token(row.record.position) for _, row in members], dtype=torch.long)
+                state, authors, _ = advance(_state(records, torch.device("cpu")), tokens, tables, rule)
+                _store(records, state)
+                for record, author in zip(records, authors.tolist(), strict=True):
+                    record.authors.append(author)
+                    record.position += 1
+
+    def _mix(
+        self,
+        logits: torch.Tensor,
+        junior_logits: torch.Tensor,
+        tables: BoundaryTables,
+        rule: HandoffRule,
+        members: list[tuple[int, _Row]],
+    ) -> None:
+        device = logits.device
+        index = torch.tensor([i for i, _ in members], dtype=torch.long, device=device)
+        rows = [row for _, row in members]
+        state = _state([row.record for row in rows], device)
+        senior_lp = torch.log_softmax(logits.index_select(0, index), dim=-1)
+        junior = junior_logits.index_select(0, index).float()
+        if any(row.has_penalties() for row in rows):
+            junior = self._penalize(junior, rows)
+        temperature = torch.tensor([row.temperature for row in rows], dtype=junior.dtype, device=device)
+        junior_lp = torch.log_softmax(junior / temperature.unsqueeze(1), dim=-1)
+        boundary = boundary_mask(state, tables, rule)
+        mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary)
+
+        into_senior = (state.owner == JUNIOR) & (state.next_owner == SENIOR)
+        if bool(into_senior.any()):
+            neg_inf = torch.tensor(float("-inf"), dtype=senior_lp.dtype, device=device)
+            senior_b = torch.logsumexp(torch.where(boundary, senior_lp, neg_inf), dim=-1)
+            junior_b = torch.logsumexp(torch.where(boundary, junior_lp, neg_inf), dim=-1)
+            correction = torch.where(into_senior, senior_b - junior_b, torch.zeros_like(senior_b))
+            corrections = torch.nan_to_num(correction, nan=0.0, posinf=0.0, neginf=0.0).tolist()
+        else:
+            corrections = [0.0] * len(rows)
+
+        min_p = torch.tensor([row.min_p for row in rows], dtype=mixed.dtype, device=device)
+        if bool((min_p > 0).any()):
+            threshold = mixed.amax(dim=-1, keepdim=True) + torch.log(min_p.clamp(min=1e-30)).unsqueeze(1)
+            cut = (mixed < threshold) & (min_p > 0).unsqueeze(1)
+            mixed = mixed.masked_fill(cut, float("-inf"))
+
+        logits.index_copy_(0, index, mixed.to(logits.dtype))
+        for row, correction in zip(rows, corrections, strict=True):
+            position = row.num_tokens()
+            record = row.record
+            if len(record.corrections) > position:  # re-sampled position (e.g. after a partial prefill)
+                record.corrections[position] = correction
+            else:
+                record.corrections.extend([0.0] * (position - len(record.corrections)))
+                record.corrections.append(correction if math.isfinite(correction) else 0.0)
+
+    @staticmethod
+    def _penalize(junior: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
+        """vLLM's penalties (``vllm/model_executor/layers/utils.py::apply_penalties``) on the junior's logits:
+        repetition over prompt and output tokens, frequency and presence over output tokens."""
+        vocab = junior.shape[-1]
+        for k, row in enumerate(rows):
+            if not row.has_penalties():
+                continue
+            outputs = torch.tensor([t for t in row.outputs if 0 <= t < vocab], dtype=torch.long, device=junior.device)
+            counts = torch.bincount(outputs, minlength=vocab)[:vocab].to(junior.dtype)
+            output_mask = counts > 0
+            if row.repetition_penalty != 1.0:
+                seen = output_mask.clone()
+                prompt = [t for t in (row.prompt or []) if 0 <= t < vocab]
+                if prompt:
+                    seen[torch.tensor(prompt, dtype=torch.long, device=junior.device)] = True
+                scale = torch.where(junior[k] > 0, 1.0 / row.repetition_penalty, row.repetition_penalty)
+                junior[k] = torch.where(seen, junior[k] * scale, junior[k])
+            junior[k] -= row.frequency_penalty * counts + row.presence_penalty * output_mask.to(junior.dtype)
+        return junior

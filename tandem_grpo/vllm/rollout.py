@@ -1,0 +1,306 @@
+"""TRL integration: a tandem ``VLLMGeneration`` for ``GRPOTrainer`` (colocate and server modes).
+
+TRL 1.16 builds its vLLM backend in ``GRPOTrainer.__init__`` as ``VLLMGeneration(...)`` (``trl/generation/
+vllm_generation.py``), which in turn builds ``vllm.LLM(...)`` (colocate) or ``VLLMClient(...)`` (server). The tandem
+versions reuse all of it:
+
+- :class:`TandemVLLMGeneration` subclasses ``VLLMGeneration``; its ``_init_vllm`` runs TRL's own ``_init_vllm``
+  with the module-level names ``LLM`` / ``VLLMClient`` that TRL calls swapped, for that call only, for factories that
+  add the tandem engine arguments (:func:`~tandem_grpo.vllm.engine.engine_kwargs`) or build a
+  :class:`~tandem_grpo.vllm.client.TandemVLLMClient`. Every other TRL behaviour (TP groups, env setup, quantization
+  detection, ``sync_weights`` for FSDP/DeepSpeed/PEFT, prefix-cache reset) is TRL's code, unchanged.
+- Weight sync streams TRL's own ``_iter_named_params()`` (FSDP/DeepSpeed/PEFT handled by TRL) under HF names into
+  the senior only. Server mode: TRL's ``sync_weights`` unchanged (the client's transport). Colocate mode: instead of
+  TRL's per-tensor ``model.load_weights`` (which fails on backends that repack weights after loading, such as
+  vLLM's CPU backend), the tensors go through ``TandemForCausalLM.reload_senior`` (vLLM's in-place reload
+  lifecycle, on the senior alone). The junior never changes.
+- :func:`use_tandem_vllm` is the context the trainer's ``__init__`` runs ``super().__init__`` in, so that
+  ``GRPOTrainer`` constructs a :class:`TandemVLLMGeneration` where it would construct a ``VLLMGeneration``.
+- :func:`generate_tandem` is what the trainer's ``_generate_single_turn`` calls instead of
+  ``self.vllm_generation.generate``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+from collections.abc import Iterator
+
+from ..handoff import HandoffRule
+from ._compat import check_vllm, select_v1_model_runner
+from .engine import SamplingSpec, boundary_tables, engine_kwargs, finish_rollout, generate_with_llm
+
+logger = logging.getLogger(__name__)
+
+try:  # TRL imports vLLM lazily; the module itself imports without it.
+    import trl.generation.vllm_generation as _trl_vllm_generation
+    from trl.generation.vllm_generation import VLLMGeneration
+except ImportError:  # pragma: no cover - TRL is a hard dependency of the package
+    _trl_vllm_generation = None
+    VLLMGeneration = object
+
+
+@contextlib.contextmanager
+def _swap_attr(module, name: str, value) -> Iterator[None]:
+    if not hasattr(module, name):
+        raise RuntimeError(
+            f"{module.__name__} has no `{name}`; this tandem-grpo release supports trl>=1.16,<1.17 (see pyproject)."
+        )
+    original = getattr(module, name)
+    setattr(module, name, value)
+    try:
+        yield
+    finally:
+        setattr(module, name, original)
+
+
+def serve_command(model: str, junior_model: str | None, host: str | None = None, port: int | None = None) -> str:
+    """The shell command that starts a tandem server for ``model`` (used in error messages and the README)."""
+    parts = ["tandem-grpo vllm-serve --model", model]
+    if junior_model:
+        parts += ["--junior-model", junior_model]
+    if port is not None:
+        parts += ["--port", str(port)]
+    if host not in (None, "0.0.0.0", "localhost", "127.0.0.1"):
+        parts += ["--host", str(host)]
+    return " ".join(parts)
+
+
+class TandemVLLMGeneration(VLLMGeneration):
+    """TRL's ``VLLMGeneration`` with a tandem engine (module docstring).
+
+    Args:
+        rule: the handoff rule (``HandoffRule(args.handoff_granularity, args.junior_probability,
+            args.max_gap_tokens)``).
+        junior_model: the junior's folder or hub id; ``None`` = a frozen copy of the senior's initial weights.
+        llm_kwargs: extra ``vllm.LLM`` arguments for colocate mode, on top of TRL's (e.g. ``enforce_eager=True``,
+            ``dtype="float32"`` on a CPU); ignored in server mode (pass server flags to ``tandem-grpo vllm-serve``).
+        *args, **kwargs: ``VLLMGeneration``'s arguments, as ``GRPOTrainer`` passes them.
+
+    Raises:
+        NotImplementedError: ``enable_sleep_mode=True`` in colocate mode (sleep level 2 discards the weights and
+            TRL re-pushes only the senior's), or ``model_impl="transformers"`` (the tandem model is a vLLM class).
+        ValueError: structured outputs (they constrain the senior's logits only), or a junior whose vocabulary
+            differs from the senior's.
+        ImportError: vLLM missing or older than the minimum version.
+        ConnectionError: server mode, no server at the address (the message has the command that starts one).
+    """
+
+    def __init__(
+        self, *args, rule: HandoffRule, junior_model: str | None = None, llm_kwargs: dict | None = None, **kwargs
+    ) -> None:
+        self.rule = rule
+        self.junior_model = junior_model
+        self.llm_kwargs = dict(llm_kwargs or {})
+        super().__init__(*args, **kwargs)
+
+    # --- construction ---------------------------------------------------------------------------------------------
+
+    def _eos_token_ids(self) -> list[int]:
+        from .processor import default_eos_token_ids
+
+        tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
+        return default_eos_token_ids(tokenizer, getattr(self.model, "generation_config", None))
+
+    def _init_vllm(self) -> None:
+        check_vllm()
+        select_v1_model_runner()
+        if self.structured_outputs_regex is not None:
+            raise ValueError("vllm_structured_outputs_regex is not supported by tandem generation.")
+        if self.mode == "colocate":
+            if self.enable_sleep_mode:
+                raise NotImplementedError(
+                    "vllm_enable_sleep_mode=True is not supported with a tandem engine: sleep level 2 discards the "
+                    "weights and TRL re-pushes only the senior's, which would leave the junior empty."
+                )
+            if self.model_impl == "transformers":
+                raise NotImplementedError("vllm_model_impl='transformers' cannot host the tandem model; use 'vllm'.")
+            from ..models import resolve_model_path
+
+            extra = engine_kwargs(
+                self.model.name_or_path,
+                resolve_model_path(self.junior_model) if self.junior_model else None,
+                eos_token_ids=self._eos_token_ids(),
+                trust_remote_code=self.trust_remote_code,
+            )
+            original_llm = _trl_vllm_generation.LLM
+
+            def tandem_llm(*args, **kwargs):
+                kwargs.update(extra)
+                kwargs.update(self.llm_kwargs)
+                return original_llm(*args, **kwargs)
+
+            with _swap_attr(_trl_vllm_generation, "LLM", tandem_llm):
+                super()._init_vllm()
+        elif self.mode == "server":
+            from .client import TandemVLLMClient
+
+            hint = serve_command(self.model.name_or_path, self.junior_model, self.server_host, self.server_port)
+            with _swap_attr(_trl_vllm_generation, "VLLMClient", functools.partial(TandemVLLMClient, start_hint=hint)):
+                super()._init_vllm()
+            if self.accelerator.is_main_process:
+                info = self.vllm_client.check_tandem()
+                if (self.junior_model is None) != (info.get("junior_path") is None):
+                    logger.warning(
+                        "junior_model_name_or_path=%r but the server's junior is %s; the server's junior is the one "
+                        "that co-generates. Restart the server with `%s` to match.",
+                        self.junior_model,
+                        info.get("junior_path") or "a copy of the senior",
+                        hint,
+                    )
+        else:
+            super()._init_vllm()  # raises TRL's error for an unknown mode
+
+    def sync_weights(self) -> None:
+        """Push the training model's weights into the senior (module docstring); the junior is never touched."""
+        if self.mode != "colocate":
+            return super().sync_weights()
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        # Clones: the reload buffers a layer's tensors until the layer is complete, and a parameter TRL gathered
+        # (DeepSpeed ZeRO-3, FSDP) is released when its gather context exits.
+        model.reload_senior((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
+        self.llm.reset_prefix_cache()
+
+    # --- generation -----------------------------------------------------------------------------------------------
+
+    def sampling_spec(self) -> SamplingSpec:
+        return SamplingSpec(
+            max_tokens=self.max_completion_length,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            top_k=self.top_k if self.top_k is not None else 0,
+            min_p=self.min_p or 0.0,
+            repetition_penalty=self.repetition_penalty,
+            generation_kwargs=tuple(sorted((self.generation_kwargs or {}).items())),
+        )
+
+    def generate_tandem(
+        self, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]
+    ) -> tuple[list[list[int]], list[list[float]] | None, list[list[int]]]:
+        """Tandem completions for this process's ``prompt_ids`` (one entry per completion, as TRL passes them).
+
+        Args:
+            prompt_ids: ``B`` prompts (token ids), each prompt repeated ``num_generations`` times in a row.
+            num_generations: completions per prompt (used for TRL's server-mode bookkeeping only).
+            seeds: ``B`` coin-stream seeds, distinct per completion (the trainer keeps them to replay authorship).
+
+        Returns:
+            ``(completion_ids, senior_logprobs, authorship)``: per completion, the token ids, the senior's own
+            log-probs (``NaN`` on junior tokens; ``None`` if vLLM returned none) and the authorship mask (1 senior,
+            0 junior).
+        """
+        if len(prompt_ids) != len(seeds):
+            raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
+        spec = self.sampling_spec()
+        if self.mode == "server":
+            rollout = self._generate_server(prompt_ids, seeds, spec)
+        else:
+            rollout = self._generate_colocate(prompt_ids, seeds, spec)
+        return rollout.completion_ids, rollout.senior_logprobs, rollout.authorship
+
+    def _generate_colocate(self, prompt_ids, seeds, spec):
+        import torch
+
+        if self.tensor_parallel_size > 1:
+            # Same scheme as TRL: every rank of a TP group generates the group's prompts and keeps its own share.
+            gathered = [None] * self.tensor_parallel_size
+            torch.distributed.all_gather_object(gathered, (list(prompt_ids), list(seeds)), group=self.tp_group)
+            all_prompts = [p for prompts, _ in gathered for p in prompts]
+            all_seeds = [s for _, group_seeds in gathered for s in group_seeds]
+            rollout = generate_with_llm(self.llm, all_prompts, all_seeds, self.rule, spec)
+            rank = torch.distributed.get_rank(group=self.tp_group)
+            share = slice(rank * len(prompt_ids), (rank + 1) * len(prompt_ids))
+            return rollout.select(share)
+        return generate_with_llm(self.llm, prompt_ids, seeds, self.rule, spec)
+
+    def _generate_server(self, prompt_ids, seeds, spec):
+        from accelerate.utils import broadcast_object_list, gather_object
+
+        all_prompts = gather_object(list(prompt_ids))
+        all_seeds = gather_object(list(seeds))
+        if self.accelerator.is_main_process:
+            ids, mixture, records = self.vllm_client.generate_tandem(all_prompts, all_seeds, self.rule, spec)
+            info = self.vllm_client.check_tandem()
+            tables = boundary_tables(
+                self.model.name_or_path, int(info["vocab_size"]), tuple(int(i) for i in info["eos_token_ids"])
+            )
+            payload = finish_rollout(ids, mixture, records, all_seeds, self.rule, tables)
+        else:
+            payload = None
+        box = [payload]
+        broadcast_object_list(box, from_process=0)
+        index = self.accelerator.process_index
+        return box[0].select(slice(index * len(prompt_ids), (index + 1) * len(prompt_ids)))
+
+
+def rule_from_config(args) -> HandoffRule:
+    """The handoff rule of a ``TandemGRPOConfig`` (fields ``handoff_granularity``, ``junior_probability``,
+    ``max_gap_tokens``)."""
+    return HandoffRule(args.handoff_granularity, args.junior_probability, args.max_gap_tokens)
+
+
+@contextlib.contextmanager
+def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
+    """Run ``GRPOTrainer.__init__`` inside this so that it builds a :class:`TandemVLLMGeneration`.
+
+    ``trl.trainer.grpo_trainer`` refers to ``VLLMGeneration`` by a module-level name; inside the context that name
+    is a factory adding the tandem settings from ``args`` (a ``TandemGRPOConfig``). A no-op (TRL's plain engine,
+    no junior inside) when ``args.use_vllm`` is false or the rollouts are senior-only (``junior_probability == 0``
+    or ``kl_to_junior``). ``llm_kwargs`` are extra ``vllm.LLM`` arguments for colocate mode. Usage in the
+    trainer::
+
+        with use_tandem_vllm(args):
+            super().__init__(model=model, args=args, ...)
+
+    Raises:
+        RuntimeError: the installed TRL has no ``trl.trainer.grpo_trainer.VLLMGeneration`` (unsupported TRL).
+    """
+    co_generates = getattr(args, "junior_probability", 0.5) > 0 and not getattr(args, "kl_to_junior", False)
+    if not getattr(args, "use_vllm", False) or not co_generates:
+        yield
+        return
+    import trl.trainer.grpo_trainer as grpo_module
+
+    current = getattr(grpo_module, "VLLMGeneration", None)
+    if isinstance(current, functools.partial) and current.func is TandemVLLMGeneration:
+        yield  # an enclosing use_tandem_vllm is active (e.g. a script around a trainer that also uses it): keep it
+        return
+    factory = functools.partial(
+        TandemVLLMGeneration,
+        rule=rule_from_config(args),
+        junior_model=getattr(args, "junior_model_name_or_path", None),
+        llm_kwargs=llm_kwargs,
+    )
+    with _swap_attr(grpo_module, "VLLMGeneration", factory):
+        yield
+
+
+def generate_tandem(
+    trainer, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]
+) -> tuple[list[list[int]], list[list[float]] | None, list[list[int]]]:
+    """Tandem rollouts for ``TandemGRPOTrainer._generate_single_turn`` when ``use_vllm=True``.
+
+    Call it where TRL calls ``self.vllm_generation.generate(...)`` (after TRL's ``sync_weights`` block).
+
+    Args:
+        trainer: the trainer; ``trainer.vllm_generation`` must be a :class:`TandemVLLMGeneration` (built by running
+            ``GRPOTrainer.__init__`` under :func:`use_tandem_vllm`).
+        prompt_ids: this process's prompts, one per completion (TRL's ``prompt_ids``).
+        num_generations: completions per prompt. seeds: one coin-stream seed per completion.
+
+    Returns:
+        ``(completion_ids, senior_logprobs, authorship)`` lists of lists: token ids; the senior's own log-prob of
+        each senior token at the sampling temperature (``NaN`` on junior tokens, which the trainer masks); 1/0 per
+        token (senior/junior).
+
+    Raises:
+        TypeError: ``trainer.vllm_generation`` is not a tandem backend.
+    """
+    backend = getattr(trainer, "vllm_generation", None)
+    if not isinstance(backend, TandemVLLMGeneration):
+        raise TypeError(
+            "trainer.vllm_generation is not a TandemVLLMGeneration: build the trainer inside "
+            "tandem_grpo.vllm.rollout.use_tandem_vllm(args)."
+        )
+    return backend.generate_tandem(prompt_ids, num_generations, seeds)

