@@ -11,6 +11,7 @@ Overridden TRL internals (pinned in pyproject; ``tests/test_trl_contract.py`` fa
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import random
 
@@ -81,7 +82,13 @@ class TandemGRPOTrainer(GRPOTrainer):
             senior_tokenizer, senior_width = _senior_vocabulary(model, kwargs.get("processing_class"))
             junior_path = check_junior_vocabulary(senior_tokenizer, senior_width, args.junior_model_name_or_path)
 
-        super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
+        with contextlib.ExitStack() as stack:
+            if args.use_vllm and co_generates:
+                from .vllm.rollout import use_tandem_vllm
+
+                # GRPOTrainer builds its vLLM backend inside __init__: have it build the tandem engine instead.
+                stack.enter_context(use_tandem_vllm(args))
+            super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
 
         self._co_generates = co_generates
         self._junior_context = None
