@@ -84,10 +84,15 @@ def child_generation(kind: str, args) -> dict:
     start = time.perf_counter()
     if kind == "tandem":
         llm = build_llm(path, **settings)
-    else:
+    else:  # the same in-process engine as build_llm (and TRL's colocate mode), without the tandem arguments
+        from trl.trainer.utils import ensure_master_addr_port
         from vllm import LLM
 
-        llm = LLM(model=path, logprobs_mode="processed_logprobs", **settings)
+        for name, value in (("RANK", "0"), ("LOCAL_RANK", "0"), ("WORLD_SIZE", "1")):
+            os.environ.setdefault(name, value)
+        ensure_master_addr_port()
+        in_process = {"distributed_executor_backend": "external_launcher", "logprobs_mode": "processed_logprobs"}
+        llm = LLM(model=path, **in_process, **settings)
     startup = time.perf_counter() - start
     prompts = _prompts(path, args.sequences)
     rule = HandoffRule("word", 0.5, 32)

@@ -15,7 +15,7 @@ def test_quickstart_notebook_executes(tmp_path, smollm2_path):
     nbclient = pytest.importorskip("nbclient")
     nb = nbformat.read(NOTEBOOK, as_version=4)
     nbclient.NotebookClient(
-        nb, timeout=900, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
+        nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
     ).execute()
     outputs = "".join(
         out.get("text", "") for cell in nb.cells if cell.cell_type == "code" for out in cell.get("outputs", [])
