@@ -5,7 +5,10 @@
     python bench/bench_vllm.py --sequences 16 --tokens 64 --train-completion-length 32   # quick look
 
 Each measurement runs in its own fresh process (one vLLM engine per process, as in training), one after the other,
-so they do not compete for the machine. Generation: the same prompts, ``ignore_eos`` so both engines produce exactly
+so they do not compete with each other. Wall time and process CPU time are both reported: on a machine shared with
+other jobs the wall time of one run can be inflated by their load, the CPU time much less.
+
+Generation: the same prompts, ``ignore_eos`` so both engines produce exactly
 ``sequences x tokens`` tokens, temperature 1, after a short warm-up. The tandem engine is self-paired (junior = the
 senior's weights) with the paper's rule (word units, junior probability 0.5, 32-token cap). Training: one warm-up
 step, then the timed steps, of ``TandemGRPOTrainer`` vs TRL's ``GRPOTrainer`` with vLLM in colocate mode and the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import resource
 import subprocess
@@ -50,15 +54,22 @@ def _prompts(path: str, count: int) -> list[list[int]]:
     return out
 
 
-def _memory(llm, tandem: bool) -> dict:
-    import torch
+def _memory(llm, path: str, tandem: bool) -> dict:
+    import glob
 
-    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
-    weights = sum(p.numel() * p.element_size() for p in model.parameters())
+    import torch
+    from safetensors import safe_open
+
     vllm_config = llm.llm_engine.vllm_config
+    dtype_bytes = torch.empty((), dtype=vllm_config.model_config.dtype).element_size()
+    # Counted from the checkpoint: on a CPU vLLM moves linear weights into oneDNN handles, out of the parameters.
+    numel = 0
+    for file in glob.glob(os.path.join(path, "*.safetensors")):
+        with safe_open(file, "pt") as handle:
+            numel += sum(math.prod(handle.get_slice(key).get_shape()) for key in handle.keys())
+    weights = numel * dtype_bytes * (2 if tandem else 1)
     hf = vllm_config.model_config.hf_config
     head_dim = getattr(hf, "head_dim", None) or hf.hidden_size // hf.num_attention_heads
-    dtype_bytes = torch.empty((), dtype=vllm_config.model_config.dtype).element_size()
     per_token = 2 * hf.num_hidden_layers * hf.num_key_value_heads * head_dim * dtype_bytes * (2 if tandem else 1)
     cache = vllm_config.cache_config
     capacity = int(cache.num_gpu_blocks or 0) * int(cache.block_size)
@@ -97,10 +108,10 @@ def child_generation(kind: str, args) -> dict:
     prompts = _prompts(path, args.sequences)
     rule = HandoffRule("word", 0.5, 32)
 
-    def run(batch: list[list[int]], tokens: int) -> tuple[float, int]:
+    def run(batch: list[list[int]], tokens: int) -> tuple[float, float, int]:
         spec = SamplingSpec(max_tokens=tokens, generation_kwargs=(("ignore_eos", True),))
         seeds = list(range(len(batch)))
-        begin = time.perf_counter()
+        begin, cpu_begin = time.perf_counter(), time.process_time()
         if kind == "tandem":
             rollout = generate_with_llm(llm, batch, seeds, rule, spec)
             produced = sum(map(len, rollout.completion_ids))
@@ -108,16 +119,17 @@ def child_generation(kind: str, args) -> dict:
             params = sampling_params(spec, seeds, new_uids(len(batch)), None)
             outs = llm.generate([{"prompt_token_ids": p} for p in batch], sampling_params=params, use_tqdm=False)
             produced = sum(len(o.outputs[0].token_ids) for o in outs)
-        return time.perf_counter() - begin, produced
+        return time.perf_counter() - begin, time.process_time() - cpu_begin, produced
 
     run(prompts[:4], 8)  # warm-up
-    seconds, produced = run(prompts, args.tokens)
+    seconds, cpu_seconds, produced = run(prompts, args.tokens)
     return {
         "kind": kind,
         "startup_s": startup,
         "seconds": seconds,
+        "cpu_seconds": cpu_seconds,
         "tokens": produced,
-        **_memory(llm, kind == "tandem"),
+        **_memory(llm, path, kind == "tandem"),
     }
 
 
@@ -159,13 +171,14 @@ def child_train(kind: str, args) -> dict:
 
     class StepTimer(TrainerCallback):
         def __init__(self):
-            self.times, self._begin = [], None
+            self.times, self.cpu_times, self._begin = [], [], None
 
         def on_step_begin(self, *a, **k):
-            self._begin = time.perf_counter()
+            self._begin = (time.perf_counter(), time.process_time())
 
         def on_step_end(self, *a, **k):
-            self.times.append(time.perf_counter() - self._begin)
+            self.times.append(time.perf_counter() - self._begin[0])
+            self.cpu_times.append(time.process_time() - self._begin[1])
 
     timer = StepTimer()
     if kind == "tandem":
@@ -211,8 +224,13 @@ def child_train(kind: str, args) -> dict:
             callbacks=[timer],
         )
     trainer.train()
-    timed = timer.times[1:]
-    return {"kind": kind, "step_s": sum(timed) / len(timed), "steps": timer.times}
+    timed, cpu_timed = timer.times[1:], timer.cpu_times[1:]
+    return {
+        "kind": kind,
+        "step_s": sum(timed) / len(timed),
+        "step_cpu_s": sum(cpu_timed) / len(cpu_timed),
+        "steps": timer.times,
+    }
 
 
 def _run_child(mode: str, kind: str, argv: list[str]) -> dict:
@@ -261,19 +279,29 @@ def main(argv: list[str] | None = None) -> None:
     gen = {kind: _run_child("gen", kind, forwarded) for kind in ("solo", "tandem")}
     for kind, r in gen.items():
         print(
-            f"{kind:>6}: {r['seconds']:8.1f} s for {r['tokens']} tokens ({r['tokens'] / r['seconds']:7.1f} tok/s); "
+            f"{kind:>6}: {r['seconds']:8.1f} s wall, {r['cpu_seconds']:8.1f} s CPU for {r['tokens']} tokens "
+            f"({r['tokens'] / r['seconds']:7.1f} tok/s); "
             f"start-up {r['startup_s']:.0f} s; weights {r['weights_mib']:.0f} MiB; KV cache {r['kv_cache_mib']:.0f} "
             f"MiB = {r['kv_cache_tokens']} tokens x {r['kv_bytes_per_token']} B; peak RSS {r['peak_rss_mib']:.0f} MiB"
             + (f"; CUDA peak {r['cuda_peak_mib']:.0f} MiB" if "cuda_peak_mib" in r else ""),
             flush=True,
         )
-    print(f"generation time ratio tandem/solo: {gen['tandem']['seconds'] / gen['solo']['seconds']:.2f}x", flush=True)
+    print(
+        f"generation time ratio tandem/solo: {gen['tandem']['seconds'] / gen['solo']['seconds']:.2f}x wall, "
+        f"{gen['tandem']['cpu_seconds'] / gen['solo']['cpu_seconds']:.2f}x CPU time",
+        flush=True,
+    )
     if args.skip_train:
         return
     train = {kind: _run_child("train", kind, forwarded) for kind in ("vanilla", "tandem")}
     for kind, r in train.items():
-        print(f"{kind:>7} GRPO step: {r['step_s']:.1f} s (all steps: {[round(t, 1) for t in r['steps']]})", flush=True)
-    print(f"training step ratio tandem/vanilla: {train['tandem']['step_s'] / train['vanilla']['step_s']:.2f}x")
+        steps = [round(t, 1) for t in r["steps"]]
+        print(f"{kind:>7} GRPO step: {r['step_s']:.1f} s wall, {r['step_cpu_s']:.1f} s CPU (all: {steps})", flush=True)
+    t, v = train["tandem"], train["vanilla"]
+    print(
+        f"training step ratio tandem/vanilla: {t['step_s'] / v['step_s']:.2f}x wall, "
+        f"{t['step_cpu_s'] / v['step_cpu_s']:.2f}x CPU time"
+    )
 
 
 if __name__ == "__main__":

@@ -91,6 +91,13 @@ print("RESULT " + json.dumps({"log_history": trainer.state.log_history}), flush=
 """
 
 
+def _clean_env() -> dict:
+    # An in-process engine of another test module (external launcher) leaves its torch.distributed rendezvous in
+    # these variables; a child must pick its own.
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    return {k: v for k, v in os.environ.items() if k not in drop}
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -105,6 +112,7 @@ def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
         capture_output=True,
         text=True,
         timeout=1500,
+        env=_clean_env(),
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
@@ -145,7 +153,9 @@ def server(junior_path, tmp_path_factory):
     command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", "--model", MODEL, "--junior-model", junior_path,
                "--host", "127.0.0.1", "--port", str(port), *ENGINE_FLAGS]  # fmt: skip
     with open(log, "w") as handle:
-        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True)
+        proc = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=_clean_env()
+        )
     base_url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + 900
