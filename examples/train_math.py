@@ -12,6 +12,7 @@ and ``log_history.json`` to ``--output_dir``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,11 @@ class ScriptArguments:
     )  # fmt: skip
     dataset_split: str = field(default="train", metadata={"help": "Split to read when --dataset_path is a folder."})
     num_problems: int = field(default=1000, metadata={"help": "How many problems to use (rows read, or generated)."})
+    cpu_threads: int | None = field(
+        default=None,
+        metadata={"help": "Torch threads for a single process on a machine without a GPU. Default: every core the "
+                  "process may use (`accelerate launch` without `--cpu` exports OMP_NUM_THREADS=1)."},
+    )  # fmt: skip
 
 
 CPU_FRIENDLY_DEFAULTS = dict(
@@ -51,10 +57,25 @@ CPU_FRIENDLY_DEFAULTS = dict(
 )
 
 
+def set_cpu_threads(threads: int | None) -> None:
+    """Use every core on a CPU-only, single-process run unless ``threads`` says otherwise.
+
+    `accelerate launch` on a machine without a GPU, without its `--cpu` flag, exports OMP_NUM_THREADS=1
+    (accelerate/commands/launch.py), which leaves all but one core idle in the one process that trains.
+    """
+    import torch
+
+    if torch.cuda.is_available() or int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    torch.set_num_threads(threads or cores)
+
+
 def main() -> None:
     parser = TrlParser((ScriptArguments, TandemGRPOConfig, ModelConfig))
     parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
     script_args, training_args, model_args = parser.parse_args_and_config()
+    set_cpu_threads(script_args.cpu_threads)
 
     # Data first: a bad row fails here, before any model is loaded.
     if script_args.dataset_path is None:
