@@ -11,6 +11,7 @@ and ``log_history.json`` to ``--output_dir``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from dataclasses import dataclass, field
@@ -71,6 +72,17 @@ def set_cpu_threads(threads: int | None) -> None:
     torch.set_num_threads(threads or cores)
 
 
+def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextManager:
+    """On a CPU, a colocated vLLM engine in float32 (the trainer's dtype there) without graph capture."""
+    import torch
+
+    if not (args.use_vllm and args.vllm_mode == "colocate") or torch.cuda.is_available():
+        return contextlib.nullcontext()
+    from tandem_grpo.vllm.rollout import use_tandem_vllm
+
+    return use_tandem_vllm(args, dtype="float32", enforce_eager=True)
+
+
 def main() -> None:
     parser = TrlParser((ScriptArguments, TandemGRPOConfig, ModelConfig))
     parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
@@ -89,13 +101,14 @@ def main() -> None:
         training_args.model_init_kwargs["attn_implementation"] = model_args.attn_implementation
     if training_args.junior_model_name_or_path is not None:
         training_args.junior_model_name_or_path = resolve_model_path(training_args.junior_model_name_or_path)
-    trainer = TandemGRPOTrainer(
-        model=resolve_model_path(model_args.model_name_or_path),
-        reward_funcs=[accuracy_reward, format_reward],
-        args=training_args,
-        train_dataset=dataset,
-        peft_config=get_peft_config(model_args),
-    )
+    with vllm_engine_options(training_args):
+        trainer = TandemGRPOTrainer(
+            model=resolve_model_path(model_args.model_name_or_path),
+            reward_funcs=[accuracy_reward, format_reward],
+            args=training_args,
+            train_dataset=dataset,
+            peft_config=get_peft_config(model_args),
+        )
     trainer.train()
     trainer.save_model(training_args.output_dir)
     if trainer.accelerator.is_main_process:

@@ -75,3 +75,12 @@ def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint)
     senior = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
     with pytest.raises(ValueError, match="vocabulary"):
         server_command(["--model", senior, "--junior-model", tiny_checkpoint])
+
+
+def test_start_hint_follows_the_base_url_the_trainer_uses():
+    from tandem_grpo.vllm.rollout import serve_command
+
+    # TRL connects to server_base_url and ignores host/port when it is set: the hint must name that server.
+    hint = serve_command("m", "j", host="0.0.0.0", port=8000, base_url="http://10.1.2.3:9001")
+    assert hint == "tandem-grpo vllm-serve --model m --junior-model j --port 9001 --host 10.1.2.3"
+    assert serve_command("m", None, port=8000) == "tandem-grpo vllm-serve --model m --port 8000"

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import urllib.parse
 from collections.abc import Iterator
 
 from ..handoff import HandoffRule
@@ -55,8 +56,20 @@ def _swap_attr(module, name: str, value) -> Iterator[None]:
         setattr(module, name, original)
 
 
-def serve_command(model: str, junior_model: str | None, host: str | None = None, port: int | None = None) -> str:
-    """The shell command that starts a tandem server for ``model`` (used in error messages and the README)."""
+def serve_command(
+    model: str,
+    junior_model: str | None,
+    host: str | None = None,
+    port: int | None = None,
+    base_url: str | None = None,
+) -> str:
+    """The shell command that starts a tandem server for ``model`` (used in error messages and the README).
+
+    ``base_url``, when given, wins over ``host`` and ``port``, as in TRL's ``VLLMGeneration``.
+    """
+    if base_url is not None:
+        url = urllib.parse.urlsplit(base_url)
+        host, port = url.hostname, url.port or port
     parts = ["tandem-grpo vllm-serve --model", model]
     if junior_model:
         parts += ["--junior-model", junior_model]
@@ -136,7 +149,9 @@ class TandemVLLMGeneration(VLLMGeneration):
         elif self.mode == "server":
             from .client import TandemVLLMClient
 
-            hint = serve_command(self.model.name_or_path, self.junior_model, self.server_host, self.server_port)
+            hint = serve_command(
+                self.model.name_or_path, self.junior_model, self.server_host, self.server_port, self.server_base_url
+            )
             with _swap_attr(_trl_vllm_generation, "VLLMClient", functools.partial(TandemVLLMClient, start_hint=hint)):
                 super()._init_vllm()
             if self.accelerator.is_main_process:
