@@ -63,6 +63,7 @@ def main() -> None:
                 start = time.perf_counter()
                 fn()
                 timings[name].append(time.perf_counter() - start)
+                print(f"repeat {len(timings[name])}/{args.repeats} {name:>6}: {timings[name][-1]:7.2f} s", flush=True)
     solo_s, tandem_s = statistics.median(timings["solo"]), statistics.median(timings["tandem"])
     tokens = args.num_sequences * args.max_new_tokens
     print(f"model={args.model} sequences={args.num_sequences} new_tokens={args.max_new_tokens} "
