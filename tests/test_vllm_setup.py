@@ -5,16 +5,9 @@ from __future__ import annotations
 import json
 
 import pytest
+from conftest import skip_without_vllm
 
-try:
-    import vllm  # noqa: F401
-
-    _VLLM_ERROR = None
-except Exception as exc:  # noqa: BLE001
-    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc})"
-
-if _VLLM_ERROR is not None:
-    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+skip_without_vllm()
 
 from tandem_grpo.vllm import MIN_VLLM_VERSION, check_vllm  # noqa: E402
 

