@@ -214,13 +214,18 @@ def mixture_logprobs(
     switching = state.owner != state.next_owner
     if not bool(switching.any()):
         return o_lp
-    n_lp = torch.where((state.next_owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
+    # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below
+    # runs on those rows alone (about half of them at junior_probability 0.5).
+    rows = switching.nonzero().squeeze(1)
+    o_sw = o_lp.index_select(0, rows)
+    n_is_senior = (state.next_owner.index_select(0, rows) == SENIOR).unsqueeze(1)
+    n_sw = torch.where(n_is_senior, senior_logprobs.index_select(0, rows), junior_logprobs.index_select(0, rows))
+    b_sw = boundary.index_select(0, rows)
     neg_inf = torch.tensor(float("-inf"), dtype=o_lp.dtype, device=o_lp.device)
-    o_mass_b = torch.logsumexp(torch.where(boundary, o_lp, neg_inf), dim=-1, keepdim=True)
-    n_in_b = torch.where(boundary, n_lp, neg_inf)
+    o_mass_b = torch.logsumexp(torch.where(b_sw, o_sw, neg_inf), dim=-1, keepdim=True)
+    n_in_b = torch.where(b_sw, n_sw, neg_inf)
     n_given_b = n_in_b - torch.logsumexp(n_in_b, dim=-1, keepdim=True)
-    mixed = torch.where(boundary, o_mass_b + n_given_b, o_lp)
-    return torch.where(switching.unsqueeze(1), mixed, o_lp)
+    return o_lp.index_copy(0, rows, torch.where(b_sw, o_mass_b + n_given_b, o_sw))
 
 
 def advance(

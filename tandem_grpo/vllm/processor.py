@@ -374,14 +374,17 @@ class TandemLogitsProcessor(LogitsProcessor):
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary)
 
         into_senior = (state.owner == JUNIOR) & (state.next_owner == SENIOR)
+        corrections = [0.0] * len(rows)
         if bool(into_senior.any()):
+            # Full-vocabulary sums on the junior-to-senior rows only.
+            sub = into_senior.nonzero().squeeze(1)
+            b_sub = boundary.index_select(0, sub)
             neg_inf = torch.tensor(float("-inf"), dtype=senior_lp.dtype, device=device)
-            senior_b = torch.logsumexp(torch.where(boundary, senior_lp, neg_inf), dim=-1)
-            junior_b = torch.logsumexp(torch.where(boundary, junior_lp, neg_inf), dim=-1)
-            correction = torch.where(into_senior, senior_b - junior_b, torch.zeros_like(senior_b))
-            corrections = torch.nan_to_num(correction, nan=0.0, posinf=0.0, neginf=0.0).tolist()
-        else:
-            corrections = [0.0] * len(rows)
+            senior_b = torch.logsumexp(torch.where(b_sub, senior_lp.index_select(0, sub), neg_inf), dim=-1)
+            junior_b = torch.logsumexp(torch.where(b_sub, junior_lp.index_select(0, sub), neg_inf), dim=-1)
+            values = torch.nan_to_num(senior_b - junior_b, nan=0.0, posinf=0.0, neginf=0.0).tolist()
+            for k, value in zip(sub.tolist(), values, strict=True):
+                corrections[k] = value
 
         min_p = torch.tensor([row.min_p for row in rows], dtype=mixed.dtype, device=device)
         if bool((min_p > 0).any()):
