@@ -77,6 +77,11 @@ def _convert_gguf(package: str, filename: str, target: Path) -> Path:
     return target
 
 
+def _looks_like_local_path(name: str) -> bool:
+    # Hub ids are `name` or `org/name`; anything else with a path prefix or more parts can only be a folder.
+    return name.startswith(("/", "./", "../", "~")) or name.count("/") > 1 or (os.sep != "/" and os.sep in name)
+
+
 def resolve_model_path(name_or_path: str) -> str:
     """Return something ``from_pretrained`` (and vLLM) can load for ``name_or_path``, without a hub if need be.
 
@@ -86,10 +91,17 @@ def resolve_model_path(name_or_path: str) -> str:
     ``$TANDEM_GRPO_CACHE/<name>`` (default ``~/.cache/tandem_grpo``) and that folder's path is returned.
 
     Raises:
+        FileNotFoundError: ``name_or_path`` is written as a local path (``/``, ``./``, ``~`` or several ``/``) and
+            does not exist.
         OSError: the hub is unreachable and no local fallback exists for ``name_or_path``.
     """
     if os.path.exists(name_or_path):
         return name_or_path
+    if _looks_like_local_path(name_or_path):
+        raise FileNotFoundError(
+            f"No model folder at `{name_or_path}`. Pass an existing folder with config.json and weights, or a hub id "
+            "such as HuggingFaceTB/SmolLM2-135M-Instruct."
+        )
     if _hub_reachable() or _in_hf_cache(name_or_path):
         return name_or_path
     if name_or_path not in _GGUF_FALLBACKS:
