@@ -426,32 +426,20 @@ def _evaluate(config: EvaluationConfig) -> dict:
                 )
             )
         for s in config.step_grid:
-            outputs.append(
-                step_schedule(
-                    rows,
-                    senior.solo,
-                    s,
-                    first="senior",
-                    continuation=junior.backend,
-                    tokenizer=tokenizer,
-                    settings=settings,
-                    seed=derive_seed(settings.seed, senior.path),
-                    desc=f"senior_first_s{s} {name}",
-                )  # fmt: skip
-            )
-            outputs.append(
-                step_schedule(
-                    rows,
-                    junior.solo,
-                    s,
-                    first="junior",
-                    continuation=senior.backend,
-                    tokenizer=tokenizer,
-                    settings=settings,
-                    seed=derive_seed(settings.seed, senior.path),
-                    desc=f"junior_first_s{s} {name}",
-                )  # fmt: skip
-            )
+            for first, lead, other in (("senior", senior, junior), ("junior", junior, senior)):
+                outputs.append(
+                    step_schedule(
+                        rows,
+                        lead.solo,
+                        s,
+                        first=first,
+                        continuation=other.backend,
+                        tokenizer=tokenizer,
+                        settings=settings,
+                        seed=derive_seed(settings.seed, senior.path),
+                        desc=f"{first}_first_s{s} {name}",
+                    )  # fmt: skip
+                )
         entry["handoff"] = {}
         for out in outputs:
             correct = _score(tokenizer, out.completion_ids, gold_rows)
