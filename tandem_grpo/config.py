@@ -29,6 +29,10 @@ class TandemGRPOConfig(GRPOConfig):
         kl_to_junior (`bool`, *optional*, defaults to `False`):
             The paper's ablation: senior-only rollouts plus TRL's per-token KL term toward the junior, with
             coefficient `beta` (which must then be > 0).
+        tandem_eval_rollouts (`bool`, *optional*, defaults to `False`):
+            Co-generate the rollouts of `evaluate()` too. By default evaluation rollouts are the senior's alone, so
+            `eval_reward` keeps TRL's meaning (the model's own score). Evaluation never draws from the training
+            coin stream.
 
     Differences from `GRPOConfig`: `bf16` left unset resolves to `False` when no CUDA device supports bf16, so the
     same command runs on a CPU machine (TRL would default to `True` and transformers would refuse it there).
@@ -71,6 +75,14 @@ class TandemGRPOConfig(GRPOConfig):
         },
     )
 
+    tandem_eval_rollouts: bool = field(
+        default=False,
+        metadata={
+            "help": "Co-generate evaluation rollouts with the junior too (default: the senior alone, so eval_reward "
+            "is the model's own score)."
+        },
+    )
+
     def __post_init__(self) -> None:
         validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens)
         weight = self.junior_token_loss_weight
@@ -80,6 +92,11 @@ class TandemGRPOConfig(GRPOConfig):
             raise ValueError(
                 f"kl_to_junior=True needs beta > 0 (got beta={self.beta!r}): beta is the KL coefficient toward the "
                 "junior. Set e.g. beta=0.04."
+            )
+        if self.kl_to_junior and self.sync_ref_model:
+            raise ValueError(
+                "kl_to_junior=True with sync_ref_model=True would move the junior (the KL reference) toward the "
+                "senior during training; the junior is frozen. Set sync_ref_model=False."
             )
         if self.junior_model_name_or_path is not None and not str(self.junior_model_name_or_path).strip():
             raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")

@@ -1,6 +1,11 @@
-"""The junior: vocabulary checks and loading (frozen, on the senior's device and dtype)."""
+"""The junior: vocabulary checks, loading, independent frozen copies, and the check that a junior computes what it
+should (frozen, on the senior's device and dtype)."""
 
 from __future__ import annotations
+
+import contextlib
+import copy
+from collections.abc import Callable
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -57,3 +62,87 @@ def freeze(model: PreTrainedModel) -> PreTrainedModel:
     model.eval()
     model.requires_grad_(False)
     return model
+
+
+def frozen_copy(model) -> PreTrainedModel:
+    """A frozen copy of ``model`` that shares neither code nor storage with it.
+
+    A fresh module of the same class is built from a copy of the config, then the weights are copied into it
+    (``load_state_dict`` copies values; nothing is aliased). ``copy.deepcopy`` is not safe here: TRL replaces
+    ``forward`` (``add_fused_lm_head``) and ``lm_head.forward`` (``cast_lm_head_to_fp32``) with closures over the
+    original module, and a deep copy keeps calling them, so the "copy" computes with the live weights.
+
+    A PEFT model is copied as a PEFT model (same adapter config, adapter weights and base weights), so a senior
+    that starts from an already trained adapter is copied with that adapter.
+
+    Args:
+        model: a ``transformers.PreTrainedModel`` or a ``peft.PeftModel`` (not wrapped by DeepSpeed/FSDP).
+
+    Returns:
+        The copy, in eval mode with gradients off, on ``model``'s device and in its dtype.
+    """
+    from accelerate.utils import is_peft_model
+
+    if is_peft_model(model):
+        from peft import get_peft_model
+
+        base = _fresh_like(model.get_base_model())
+        copied = get_peft_model(base, copy.deepcopy(model.peft_config[model.active_adapter]))
+    else:
+        copied = _fresh_like(model)
+    missing, unexpected = copied.load_state_dict(model.state_dict(), strict=False)
+    if unexpected or [k for k in missing if k not in _tied_names(copied)]:
+        raise RuntimeError(
+            f"Could not copy {type(model).__name__} into a fresh module (missing {missing[:3]}, unexpected "
+            f"{unexpected[:3]}); set junior_model_name_or_path to the senior's initial checkpoint instead."
+        )
+    return freeze(copied)
+
+
+def _fresh_like(model: PreTrainedModel) -> PreTrainedModel:
+    parameter = next(model.parameters())
+    fresh = type(model)._from_config(copy.deepcopy(model.config), dtype=parameter.dtype)
+    return fresh.to(parameter.device)
+
+
+def _tied_names(model) -> set[str]:
+    # Tied parameters appear once in a state dict but under every name in `named_parameters(remove_duplicate=False)`.
+    seen: dict[int, str] = {}
+    tied = set()
+    for name, param in model.named_parameters(remove_duplicate=False):
+        if id(param) in seen:
+            tied.add(name)
+        seen.setdefault(id(param), name)
+    return tied
+
+
+#: Token ids of the probe sequence that :func:`same_function` feeds both models (any ids below the vocab work).
+PROBE_LENGTH = 12
+
+
+@torch.no_grad()
+def probe_logits(
+    model, vocab_size: int, context: Callable[[], contextlib.AbstractContextManager] | None = None
+) -> torch.Tensor:
+    """Float32 logits ``[1, PROBE_LENGTH, V]`` of ``model`` in eval mode on a fixed token sequence.
+
+    ``context`` is entered around the forward (e.g. ``senior.disable_adapter`` for a PEFT senior's base). The
+    model's train/eval mode is restored afterwards.
+    """
+    device = next(model.parameters()).device
+    ids = (torch.arange(PROBE_LENGTH, device=device) * 7919 + 11) % max(vocab_size, 1)
+    was_training = model.training
+    model.eval()
+    try:
+        with (context or contextlib.nullcontext)():
+            return model(input_ids=ids.unsqueeze(0)).logits.float()
+    finally:
+        model.train(was_training)
+
+
+def same_function(reference: torch.Tensor, logits: torch.Tensor, atol: float = 1e-4) -> bool:
+    """Whether two probe results are the same function's (log-softmax within ``atol``; widths cut to the smaller)."""
+    width = min(reference.shape[-1], logits.shape[-1])
+    a = torch.log_softmax(reference[..., :width], dim=-1)
+    b = torch.log_softmax(logits[..., :width], dim=-1)
+    return bool(torch.allclose(a, b, atol=atol, rtol=0))

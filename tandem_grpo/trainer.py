@@ -12,7 +12,6 @@ Overridden TRL internals (pinned in pyproject; ``tests/test_trl_contract.py`` fa
 from __future__ import annotations
 
 import contextlib
-import copy
 import random
 
 import torch
@@ -27,7 +26,7 @@ from .authorship import authorship_spans, mark_junior_text
 from .config import TandemGRPOConfig
 from .generation import SamplingSettings, tandem_generate
 from .handoff import BoundaryTables, replay_authorship
-from .junior import check_junior_vocabulary, freeze, load_frozen, logits_width
+from .junior import check_junior_vocabulary, frozen_copy, load_frozen, logits_width, probe_logits, same_function
 from .models import resolve_model_path
 
 
@@ -92,18 +91,26 @@ class TandemGRPOTrainer(GRPOTrainer):
 
         self._co_generates = co_generates
         self._junior_context = None
+        self._vocab_width = logits_width(self.model.config)
         self.junior = self._setup_junior(junior_path)
-        self._tables = BoundaryTables.from_tokenizer(
-            self._tokenizer, logits_width(self.model.config), self.eos_token_ids
-        )
-        # Two streams, both from the run's seed: coin seeds per completion and the token draws.
-        self._seed_rng = random.Random(args.seed + 1_000_003 * self.accelerator.process_index)
-        self._token_generator: torch.Generator | None = None
+        self._tables = BoundaryTables.from_tokenizer(self._tokenizer, self._vocab_width, self.eos_token_ids)
+        # Coin seeds per completion and token draws, both from the run's seed; evaluation has streams of its own so
+        # that calling evaluate() never changes the training rollouts that follow it.
+        self._seed_rngs = {
+            mode: random.Random(args.seed + 1_000_003 * self.accelerator.process_index + offset)
+            for mode, offset in (("train", 0), ("eval", 7919))
+        }
+        self._token_generators: dict[str, torch.Generator] = {}
         self._authorship: list[list[int]] | None = None
 
     # ------------------------------------------------------------------ junior
     def _setup_junior(self, junior_path: str | None):
-        """Return the frozen junior (or ``None`` when no rollout needs one), reusing models TRL already holds."""
+        """Return the frozen junior (or ``None`` when no rollout needs one; a PEFT senior whose adapter is still the
+        identity serves as its own junior through ``disable_adapter``).
+
+        Self-pairing means the junior computes the senior's function as it is *now*, at construction, for the whole
+        run. Every path below is checked once on a probe sequence (:meth:`_check_self_pairing`).
+        """
         if self.args.kl_to_junior:
             if junior_path is not None:
                 # The ablation's KL term is TRL's KL-to-reference with the junior as the reference.
@@ -113,16 +120,36 @@ class TandemGRPOTrainer(GRPOTrainer):
             return None
         if junior_path is not None:
             return self._prepare_frozen(self._load_like_senior(junior_path))
-        if self.ref_model is not None:  # beta > 0: TRL's reference model is the senior's initial weights already
-            return self.ref_model
-        if is_peft_model(self.model):
-            self._junior_context = "disable_adapter"
-            return None
-        if self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-            # Parameters are partitioned: a deepcopy would copy empty shards, so reload the initial weights.
+        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
+        if zero3:
+            # Parameters are partitioned: no rank holds the whole senior to copy, so reload the initial weights. The
+            # probe check is skipped: a forward of the partitioned senior outside the engine is a collective.
             source = resolve_model_path(get_config_model_id(self.model.config))
             return self._prepare_frozen(self._load_like_senior(source))
-        return self._prepare_frozen(freeze(copy.deepcopy(self.model)))
+        initial = probe_logits(self.model, self._vocab_width)
+        if is_peft_model(self.model) and same_function(
+            initial, probe_logits(self.model, self._vocab_width, self.model.disable_adapter)
+        ):
+            # A fresh adapter is the identity: the base with the adapter disabled is the initial senior, at no memory
+            # cost. An adapter that already changes the model is copied with it (below).
+            self._junior_context = "disable_adapter"
+            return None
+        if self.ref_model is not None and not self.args.sync_ref_model:
+            # beta > 0: TRL's reference model, loaded from the senior's checkpoint, is the initial senior unless the
+            # senior was modified after loading (then the probe differs and a copy is made below).
+            reference = self.accelerator.unwrap_model(self.ref_model)
+            if same_function(initial, probe_logits(reference, self._vocab_width)):
+                return self.ref_model
+        junior = frozen_copy(self.accelerator.unwrap_model(self.model))
+        self._check_self_pairing(initial, junior)
+        return self._prepare_frozen(junior)
+
+    def _check_self_pairing(self, initial: torch.Tensor, junior) -> None:
+        if not same_function(initial, probe_logits(junior, self._vocab_width)):
+            raise RuntimeError(
+                "The self-paired junior does not compute the senior's initial function (probe logits differ). "
+                "Set junior_model_name_or_path to the senior's initial checkpoint."
+            )
 
     def _load_like_senior(self, path: str):
         return load_frozen(path, dtype=self.model.dtype, device=self.accelerator.device)
@@ -138,11 +165,12 @@ class TandemGRPOTrainer(GRPOTrainer):
 
     # ------------------------------------------------------------ generation
     def _generate_single_turn(self, prompt_ids, images, multimodal_fields, num_generations, has_tool_images=False):
-        if not self._co_generates:
+        mode = "train" if self.model.training else "eval"
+        if not self._co_generates or (mode == "eval" and not self.args.tandem_eval_rollouts):
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        seeds = [self._seed_rng.getrandbits(31) for _ in prompt_ids]
+        seeds = [self._seed_rngs[mode].getrandbits(31) for _ in prompt_ids]
         self._last_seeds = seeds
         if self.use_vllm:
             from .vllm.rollout import generate_tandem
@@ -154,14 +182,15 @@ class TandemGRPOTrainer(GRPOTrainer):
             with profiling_context(self, "vLLM.generate_tandem"):
                 completion_ids, logprobs, self._authorship = generate_tandem(self, prompt_ids, num_generations, seeds)
             return completion_ids, logprobs
-        completion_ids, self._authorship = self._generate_tandem_transformers(prompt_ids, seeds)
+        completion_ids, self._authorship = self._generate_tandem_transformers(prompt_ids, seeds, mode)
         return completion_ids, None
 
-    def _generate_tandem_transformers(self, prompt_ids, seeds):
+    def _generate_tandem_transformers(self, prompt_ids, seeds, mode: str):
         device = self.accelerator.device
-        if self._token_generator is None:
-            self._token_generator = torch.Generator(device=device)
-            self._token_generator.manual_seed(self.args.seed + self.accelerator.process_index)
+        if mode not in self._token_generators:
+            generator = torch.Generator(device=device)
+            generator.manual_seed(self.args.seed + self.accelerator.process_index + (0 if mode == "train" else 7919))
+            self._token_generators[mode] = generator
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         input_ids = pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         attention_mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device)
@@ -198,7 +227,7 @@ class TandemGRPOTrainer(GRPOTrainer):
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self._tokenizer.pad_token_id,
                 seeds=torch.tensor(seeds),
-                generator=self._token_generator,
+                generator=self._token_generators[mode],
                 junior_context=junior_context,
             )
         return out.to_lists()
@@ -206,7 +235,12 @@ class TandemGRPOTrainer(GRPOTrainer):
     def _generate(self, prompts):
         self._authorship = None
         prompt_ids, completion_ids, tool_mask, *rest = super()._generate(prompts)
-        if self._authorship is not None:
+        if self._authorship is None:
+            # The senior wrote every token (junior_probability 0, the KL ablation, solo evaluation): log that too, so
+            # a sweep over junior_probability plots one curve.
+            self._last_seeds = [0] * len(completion_ids)
+            self._log_tandem_metrics(completion_ids, [[1] * len(ids) for ids in completion_ids])
+        else:
             self._log_tandem_metrics(completion_ids, self._authorship)
             weight = float(self.args.junior_token_loss_weight)
             # GRPOTrainer multiplies its completion mask by `tool_mask` in the loss, the KL term, the importance
