@@ -35,8 +35,12 @@ class TandemGRPOTrainer(GRPOTrainer):
 
     Same constructor and behaviour as ``trl.GRPOTrainer`` (reward functions, loss types, logging, checkpoints,
     eval); ``args`` must be a :class:`TandemGRPOConfig`. The junior is loaded once, frozen, on the senior's device
-    and dtype: ``junior_model_name_or_path``, or (self-pairing) a copy of the senior's initial weights — TRL's
-    reference model when ``beta > 0``, the PEFT base with adapters disabled for a PEFT senior.
+    and dtype: ``junior_model_name_or_path``, or (self-pairing) an independent copy of the senior as it is at
+    construction (:func:`tandem_grpo.junior.frozen_copy`) — TRL's reference model when ``beta > 0`` and it computes
+    the same function (never with ``sync_ref_model``), the base with the adapter disabled for a PEFT senior whose
+    adapter is still the identity, a copy with its adapter for a PEFT senior that carries a trained one, a reload
+    of the senior's checkpoint under DeepSpeed ZeRO-3. Evaluation rollouts are the senior's alone unless
+    ``tandem_eval_rollouts=True``.
 
     Logged each step: ``tandem/senior_token_fraction``, ``tandem/junior_unit_fraction``,
     ``tandem/handoffs_per_completion``; with ``log_completions=True`` the completions table gains an
@@ -44,6 +48,7 @@ class TandemGRPOTrainer(GRPOTrainer):
 
     Raises:
         TypeError: ``args`` is not a TandemGRPOConfig.
+        RuntimeError: the self-paired junior's logits on a probe sequence differ from the senior's at construction.
         ValueError: before any weights are loaded, when the junior's vocabulary differs from the senior's, or
             when an option tandem co-generation does not support (tools, ``rollout_func``, environments,
             multimodal processors, continuous batching) is combined with co-generation.
@@ -112,16 +117,24 @@ class TandemGRPOTrainer(GRPOTrainer):
         run. Every path below is checked once on a probe sequence (:meth:`_check_self_pairing`).
         """
         if self.args.kl_to_junior:
+            # The ablation's KL term is TRL's KL-to-reference with the junior as the reference.
             if junior_path is not None:
-                # The ablation's KL term is TRL's KL-to-reference with the junior as the reference.
                 self.ref_model = self._prepare_frozen(self._load_like_senior(junior_path), fused_head=True)
+            elif self.ref_model is not None and not self._is_zero3():
+                # TRL reloads the reference from the senior's checkpoint: not the initial senior if the senior was
+                # modified after loading. (A PEFT senior has no reference model: TRL disables the adapter, or uses
+                # its "ref" copy of a trained adapter.)
+                reference = self.accelerator.unwrap_model(self.ref_model)
+                initial = probe_logits(self.model, self._vocab_width)
+                if not same_function(initial, probe_logits(reference, self._vocab_width)):
+                    copied = frozen_copy(self.accelerator.unwrap_model(self.model))
+                    self.ref_model = self._prepare_frozen(copied, fused_head=True)
             return None
         if not self._co_generates:
             return None
         if junior_path is not None:
             return self._prepare_frozen(self._load_like_senior(junior_path))
-        zero3 = self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
-        if zero3:
+        if self._is_zero3():
             # Parameters are partitioned: no rank holds the whole senior to copy, so reload the initial weights. The
             # probe check is skipped: a forward of the partitioned senior outside the engine is a collective.
             source = resolve_model_path(get_config_model_id(self.model.config))
@@ -143,6 +156,9 @@ class TandemGRPOTrainer(GRPOTrainer):
         junior = frozen_copy(self.accelerator.unwrap_model(self.model))
         self._check_self_pairing(initial, junior)
         return self._prepare_frozen(junior)
+
+    def _is_zero3(self) -> bool:
+        return self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3
 
     def _check_self_pairing(self, initial: torch.Tensor, junior) -> None:
         if not same_function(initial, probe_logits(junior, self._vocab_width)):

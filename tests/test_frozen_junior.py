@@ -112,6 +112,16 @@ def test_self_paired_junior_of_a_modified_senior_instance_is_that_instance(tmp_p
     _assert_frozen(trainer, initial, initial)
 
 
+def test_kl_to_junior_reference_of_a_modified_senior_instance_is_that_instance(tmp_path, tiny_model_dirs):
+    senior = AutoModelForCausalLM.from_pretrained(tiny_model_dirs[0], dtype=torch.float32)
+    with torch.no_grad():
+        senior.lm_head.weight.mul_(0.5)
+    initial = _logits(senior)
+    trainer = _train(tmp_path, senior, kl_to_junior=True, beta=0.5)
+    trainer.train()
+    _assert_frozen(trainer, initial, initial)
+
+
 def test_named_junior_keeps_its_own_function(tmp_path, tiny_model_dirs):
     trainer = _train(tmp_path, tiny_model_dirs[0], junior_model_name_or_path=tiny_model_dirs[1])
     trainer.train()
