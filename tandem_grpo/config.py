@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 
 import torch
 from trl import GRPOConfig
@@ -103,6 +103,28 @@ class TandemGRPOConfig(GRPOConfig):
         if self.bf16 is None and not self.fp16:
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         super().__post_init__()
+
+    @classmethod
+    def from_grpo_config(cls, config: GRPOConfig, **tandem_fields) -> TandemGRPOConfig:
+        """A TandemGRPOConfig with every field of an existing ``GRPOConfig``, plus ``tandem_fields``.
+
+        ``TandemGRPOConfig(**config.to_dict())`` does not work: ``GRPOConfig.__post_init__`` fills
+        ``generation_batch_size`` from ``steps_per_generation``, and the two may not both be passed. This passes the
+        filled-in ``steps_per_generation`` alone, which yields the same ``generation_batch_size``.
+
+        Args:
+            config: a ``trl.GRPOConfig``. tandem_fields: any fields to set or override (e.g. ``junior_probability``).
+
+        Raises:
+            TypeError: ``config`` is not a GRPOConfig, or a keyword is not a field of TandemGRPOConfig.
+            ValueError: a tandem field outside its range.
+        """
+        if not isinstance(config, GRPOConfig):
+            raise TypeError(f"from_grpo_config takes a trl.GRPOConfig, got {type(config).__name__}.")
+        source = type(config) if isinstance(config, cls) else GRPOConfig
+        values = {f.name: getattr(config, f.name) for f in fields(source) if f.init}
+        values.pop("generation_batch_size")
+        return cls(**{**values, **tandem_fields})
 
     @property
     def handoff_rule(self) -> HandoffRule:

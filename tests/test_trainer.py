@@ -261,6 +261,22 @@ def test_tandem_eval_rollouts_opt_in_and_leave_the_training_coins_alone(tmp_path
     assert torch.equal(after_eval["tool_mask"], without_eval["tool_mask"])
 
 
+def test_from_grpo_config_keeps_every_grpo_field(tmp_path):
+    grpo = GRPOConfig(
+        output_dir=str(tmp_path / "g"), bf16=False, per_device_train_batch_size=4, num_generations=4,
+        gradient_accumulation_steps=2, learning_rate=3e-6, beta=0.02, max_completion_length=77, report_to=[],
+    )  # fmt: skip
+    tandem = TandemGRPOConfig.from_grpo_config(grpo, junior_probability=0.3, handoff_granularity="sentence")
+    assert (tandem.junior_probability, tandem.handoff_granularity) == (0.3, "sentence")
+    expected = grpo.to_dict()
+    got = {k: v for k, v in tandem.to_dict().items() if k in expected}
+    assert got == expected
+    again = TandemGRPOConfig.from_grpo_config(tandem)
+    assert again.to_dict() == tandem.to_dict(), "a TandemGRPOConfig round-trips with its tandem fields"
+    with pytest.raises(TypeError, match="GRPOConfig"):
+        TandemGRPOConfig.from_grpo_config({"output_dir": "x"})
+
+
 def test_kl_to_junior_refuses_a_synced_reference_model(tmp_path):
     with pytest.raises(ValueError, match="sync_ref_model=True would move the junior"):
         _config(tmp_path, kl_to_junior=True, beta=0.1, sync_ref_model=True)
