@@ -88,7 +88,7 @@ def _memory(llm, path: str, tandem: bool) -> dict:
 def child_generation(kind: str, args) -> dict:
     from tandem_grpo.handoff import HandoffRule
     from tandem_grpo.models import resolve_model_path
-    from tandem_grpo.vllm.engine import SamplingSpec, build_llm, generate_with_llm, new_uids, sampling_params
+    from tandem_grpo.vllm.engine import build_llm, generate_with_llm, new_uids, sampling_params
 
     path = resolve_model_path(args.model)
     settings = _engine_settings(args)
@@ -109,14 +109,14 @@ def child_generation(kind: str, args) -> dict:
     rule = HandoffRule("word", 0.5, 32)
 
     def run(batch: list[list[int]], tokens: int) -> tuple[float, float, int]:
-        spec = SamplingSpec(max_tokens=tokens, generation_kwargs=(("ignore_eos", True),))
+        length = {"max_tokens": tokens, "generation_kwargs": {"ignore_eos": True}}
         seeds = list(range(len(batch)))
         begin, cpu_begin = time.perf_counter(), time.process_time()
         if kind == "tandem":
-            rollout = generate_with_llm(llm, batch, seeds, rule, spec)
+            rollout = generate_with_llm(llm, batch, seeds, rule, **length)
             produced = sum(map(len, rollout.completion_ids))
         else:
-            params = sampling_params(spec, seeds, new_uids(len(batch)), None)
+            params = sampling_params(None, seeds, new_uids(len(batch)), None, **length)
             outs = llm.generate([{"prompt_token_ids": p} for p in batch], sampling_params=params, use_tqdm=False)
             produced = sum(len(o.outputs[0].token_ids) for o in outs)
         return time.perf_counter() - begin, time.process_time() - cpu_begin, produced

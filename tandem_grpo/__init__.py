@@ -2,7 +2,8 @@
 
 from .config import TandemGRPOConfig
 from .handoff import HandoffRule
+from .sampling import SamplingSettings
 from .trainer import TandemGRPOTrainer
 
 __version__ = "0.1.0"
-__all__ = ["HandoffRule", "TandemGRPOConfig", "TandemGRPOTrainer", "__version__"]
+__all__ = ["HandoffRule", "SamplingSettings", "TandemGRPOConfig", "TandemGRPOTrainer", "__version__"]

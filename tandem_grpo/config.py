@@ -129,4 +129,4 @@ class TandemGRPOConfig(GRPOConfig):
     @property
     def handoff_rule(self) -> HandoffRule:
         """The rule these fields describe, for :func:`tandem_grpo.generation.tandem_generate`."""
-        return HandoffRule(self.handoff_granularity, float(self.junior_probability), int(self.max_gap_tokens))
+        return HandoffRule.from_config(self)

@@ -15,54 +15,53 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 from transformers.generation.logits_process import (
     LogitsProcessorList,
-    MinPLogitsWarper,
     RepetitionPenaltyLogitsProcessor,
     TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
 )
 
-from .handoff import BoundaryTables, HandoffRule, advance, boundary_mask, init_state, mixture_logprobs
+from .handoff import BoundaryTables, HandoffRule, HandoffState, advance, boundary_mask, init_state, mixture_logprobs
+from .sampling import SamplingSettings
 
 
-@dataclass(frozen=True)
-class SamplingSettings:
-    """Sampling settings, with the meaning and defaults of TRL's ``GRPOConfig`` fields of the same names.
+def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:
+    # transformers' own processors, so that a self-paired tandem samples exactly like ``model.generate``.
+    steps = LogitsProcessorList()
+    if sampling.repetition_penalty != 1.0:
+        steps.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    if sampling.temperature != 1.0:
+        steps.append(TemperatureLogitsWarper(sampling.temperature))
+    return steps
 
-    ``temperature`` and ``repetition_penalty`` act on each model's logits before mixing; ``top_k``, ``top_p`` and
-    ``min_p`` truncate the mixture (so a self-paired tandem samples exactly like the model alone).
 
-    Raises:
-        ValueError: ``temperature <= 0`` (tandem rollouts sample; there is no greedy tandem).
+def next_token_logprobs(
+    senior_logits: torch.Tensor,
+    junior_logits: torch.Tensor,
+    state: HandoffState,
+    tables: BoundaryTables,
+    rule: HandoffRule,
+    sampling: SamplingSettings,
+    history: torch.Tensor,
+) -> torch.Tensor:
+    """The distribution :func:`tandem_generate` draws the next token from, for one position of every sequence.
+
+    Both models' logits are cut to the ``V`` ids of ``tables``; the repetition penalty (over ``history``) and the
+    temperature act on each model; the two are mixed (:func:`~tandem_grpo.handoff.mixture_logprobs`) and the mixture
+    is truncated (:func:`~tandem_grpo.sampling.truncate_logprobs`).
+
+    Args:
+        senior_logits, junior_logits: float ``[B, V_s]`` and ``[B, V_j]``, both ``>= V`` wide.
+        state: the rule state before this position. tables, rule: the boundary tables and the handoff rule.
+        sampling: the sampling settings. history: long ``[B, L]``, prompt and completion so far (only the
+            repetition penalty reads it).
+
+    Returns:
+        float ``[B, V]``: normalized log-probabilities, ``-inf`` where the token cannot be drawn.
     """
-
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int | None = 0
-    min_p: float | None = None
-    repetition_penalty: float = 1.0
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature!r} must be > 0 for tandem sampling.")
-
-    def per_model(self) -> LogitsProcessorList:
-        steps = LogitsProcessorList()
-        if self.repetition_penalty != 1.0:
-            steps.append(RepetitionPenaltyLogitsProcessor(self.repetition_penalty))
-        if self.temperature != 1.0:
-            steps.append(TemperatureLogitsWarper(self.temperature))
-        return steps
-
-    def truncation(self) -> LogitsProcessorList:
-        steps = LogitsProcessorList()
-        if self.top_k:
-            steps.append(TopKLogitsWarper(self.top_k))
-        if self.top_p is not None and self.top_p < 1.0:
-            steps.append(TopPLogitsWarper(self.top_p))
-        if self.min_p:
-            steps.append(MinPLogitsWarper(self.min_p))
-        return steps
+    width = tables.vocab_size
+    steps = _per_model_steps(sampling)
+    senior_lp = torch.log_softmax(steps(history, senior_logits[:, :width]), dim=-1)
+    junior_lp = torch.log_softmax(steps(history, junior_logits[:, :width]), dim=-1)
+    return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
 
 
 @dataclass
@@ -122,9 +121,12 @@ def tandem_generate(
     """Co-generate completions with a senior and a junior (paper section 3; the rule is in :mod:`.handoff`).
 
     Args:
-        senior, junior: causal LMs with the same logits width ``V``; both are only read.
+        senior, junior: causal LMs sharing one tokenizer; both are only read. Their logits widths may differ
+            (checkpoints pad their embeddings differently): both are cut to the ``V`` ids of ``tables`` before
+            mixing, so ids past the tokenizer are never drawn.
         input_ids, attention_mask: long ``[B, P]`` left-padded prompts, on the models' device.
-        rule: the handoff rule. tables: boundary tables for ``V`` (built from ``tokenizer`` when omitted).
+        rule: the handoff rule. tables: boundary tables (:meth:`BoundaryTables.from_tokenizer`); built from
+            ``tokenizer`` for ``min(len(tokenizer), V_s, V_j)`` ids when omitted.
         sampling: per-model and mixture sampling settings (default: plain sampling at temperature 1).
         max_new_tokens: completion length cap, in tokens.
         eos_token_ids, pad_token_id: default to the tokenizer's.
@@ -136,7 +138,8 @@ def tandem_generate(
         :class:`TandemGeneration` with ``[B, T]`` tensors.
 
     Raises:
-        ValueError: the models' logits widths differ, or neither ``tables`` nor ``tokenizer`` is given.
+        ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor
+            ``tokenizer`` is given (nor ``eos_token_ids`` and ``pad_token_id``).
     """
     sampling = sampling or SamplingSettings()
     device = input_ids.device
@@ -146,24 +149,26 @@ def tandem_generate(
             raise ValueError("Pass `eos_token_ids` and `pad_token_id`, or a `tokenizer` to take them from.")
         eos_token_ids = eos_token_ids if eos_token_ids is not None else [tokenizer.eos_token_id]
         pad_token_id = pad_token_id if pad_token_id is not None else tokenizer.pad_token_id
-    if tables is None:
-        if tokenizer is None:
-            raise ValueError("Pass boundary `tables` or a `tokenizer` to build them from.")
-        tables = BoundaryTables.from_tokenizer(tokenizer, senior.config.get_text_config().vocab_size, eos_token_ids)
-    tables = tables.to(device)
+    if tables is None and tokenizer is None:
+        raise ValueError("Pass boundary `tables` or a `tokenizer` to build them from.")
     seeds = torch.arange(batch, device=device) if seeds is None else seeds.to(device)
     junior_context = junior_context or contextlib.nullcontext
-    per_model, truncation = sampling.per_model(), sampling.truncation()
 
     senior_cache, junior_cache = DynamicCache(), DynamicCache()
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     senior_logits = _step(senior, senior_cache, input_ids, attention_mask, position_ids)
     with junior_context():
         junior_logits = _step(junior, junior_cache, input_ids, attention_mask, position_ids)
-    if senior_logits.shape[-1] != junior_logits.shape[-1]:
+    widths = {"senior": senior_logits.shape[-1], "junior": junior_logits.shape[-1]}
+    if tables is None:
+        tables = BoundaryTables.from_tokenizer(tokenizer, min(widths.values()), eos_token_ids)
+    tables = tables.to(device)
+    narrow = {name: width for name, width in widths.items() if width < tables.vocab_size}
+    if narrow:
         raise ValueError(
-            f"Senior and junior logits differ in width ({senior_logits.shape[-1]} vs {junior_logits.shape[-1]}): "
-            "tandem generation needs one shared vocabulary."
+            f"The boundary tables cover {tables.vocab_size} token ids but the logits of {narrow} are narrower: "
+            "both models must score every id of the shared tokenizer. Build the tables with "
+            "BoundaryTables.from_tokenizer(tokenizer, <narrowest logits width>, eos_token_ids)."
         )
     next_position = position_ids[:, -1:] + 1
 
@@ -172,9 +177,7 @@ def tandem_generate(
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, authors, starts, alive = [], [], [], []
     for _ in range(max_new_tokens):
-        senior_lp = torch.log_softmax(per_model(history, senior_logits), dim=-1)
-        junior_lp = torch.log_softmax(per_model(history, junior_logits), dim=-1)
-        mixed = truncation(history, mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
+        mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
         token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
         token = torch.where(finished, pad_token_id, token)
         state, author, start = advance(state, token, tables, rule)

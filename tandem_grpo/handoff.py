@@ -65,6 +65,22 @@ class HandoffRule:
     def __post_init__(self) -> None:
         validate_rule_fields(self.granularity, self.junior_probability, self.max_gap_tokens)
 
+    @classmethod
+    def from_config(cls, config) -> HandoffRule:
+        """The rule of any object with the fields ``handoff_granularity``, ``junior_probability`` and
+        ``max_gap_tokens`` (a ``TandemGRPOConfig``, an ``EvaluationConfig``): the one way to build it from a config.
+
+        Raises:
+            ValueError: a value outside its range, naming the field (checked before any conversion).
+        """
+        granularity, probability, max_gap = (
+            config.handoff_granularity,
+            config.junior_probability,
+            config.max_gap_tokens,
+        )
+        validate_rule_fields(granularity, probability, max_gap)
+        return cls(granularity, float(probability), int(max_gap))
+
 
 def validate_rule_fields(granularity: object, junior_probability: object, max_gap_tokens: object) -> None:
     """Raise ``ValueError`` naming the field, the value and the allowed range (shared by every config class)."""
@@ -94,24 +110,31 @@ class BoundaryTables:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> BoundaryTables:
-        """Build the tables for a logits width of ``vocab_size`` (ids past the tokenizer's length are no boundary).
+        """Build the tables for the ids a model with ``vocab_size`` logits can write that the tokenizer knows: the
+        first ``V = min(len(tokenizer), vocab_size)`` ids. Every backend cuts the logits to these ``V`` columns
+        before mixing, so the rows a checkpoint pads its embeddings with (e.g. 151936 or 152064 rows for Qwen's
+        151665 tokens) are never sampled, and two models whose widths differ only by padding can be mixed.
 
         Token texts come from decoding each id alone; SentencePiece marks a leading space with ``▁``, which
-        ``decode`` drops, so the raw token string is checked for it too.
+        ``decode`` drops, so the raw token string is checked for it too. EOS ids ``>= V`` are left out.
         """
         n = min(len(tokenizer), vocab_size)
         texts = tokenizer.batch_decode([[i] for i in range(n)], clean_up_tokenization_spaces=False)
         pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
         starts = [t[:1].isspace() or (p or "").startswith("▁") for t, p in zip(texts, pieces, strict=True)]
         ends = [t.endswith(_SENTENCE_END) for t in texts]
-        pad = [False] * (vocab_size - n)
-        is_eos = torch.zeros(vocab_size, dtype=torch.bool)
-        is_eos[[i for i in eos_token_ids if 0 <= i < vocab_size]] = True
+        is_eos = torch.zeros(n, dtype=torch.bool)
+        is_eos[[i for i in eos_token_ids if 0 <= i < n]] = True
         return cls(
-            starts_word=torch.tensor(starts + pad) | is_eos,
-            ends_sentence=torch.tensor(ends + pad),
+            starts_word=torch.tensor(starts, dtype=torch.bool) | is_eos,
+            ends_sentence=torch.tensor(ends, dtype=torch.bool),
             is_eos=is_eos,
         )
+
+    @property
+    def vocab_size(self) -> int:
+        """``V``: the number of token ids (logits columns) the tables cover."""
+        return int(self.is_eos.shape[0])
 
     def to(self, device: torch.device | str) -> BoundaryTables:
         return BoundaryTables(self.starts_word.to(device), self.ends_sentence.to(device), self.is_eos.to(device))

@@ -18,20 +18,25 @@ def logits_width(config) -> int:
 
 
 def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int, junior_width: int) -> None:
-    """Raise unless senior and junior share one vocabulary: same logits width and the same token string per id.
+    """Raise unless senior and junior share one vocabulary: the same token string for every id, and logits that
+    cover every id of that tokenizer.
+
+    The logits widths (config ``vocab_size``) may differ: checkpoints of one family pad their embeddings to
+    different sizes (Qwen2.5 0.5B has 151936 rows, 7B 152064, for 151665 tokens). Every backend cuts both models'
+    logits to the tokenizer's length before mixing (:meth:`tandem_grpo.handoff.BoundaryTables.from_tokenizer`), so
+    the padding rows are never sampled. The one check of every entry point (trainer, vLLM engine and server,
+    evaluation).
+
+    Args:
+        senior_tokenizer, junior_tokenizer: the two tokenizers. senior_width, junior_width: logits widths.
 
     Raises:
-        ValueError: naming the two widths, or the first differing ids with both token strings, and the fix.
+        ValueError: the tokenizers map ids to different tokens (naming how many, the first five ids with both
+            token strings, and the fix), or a width is smaller than the tokenizer's length.
     """
     fix = "Pick a junior trained with the senior's tokenizer (e.g. a smaller model of the same family)."
-    if senior_width != junior_width:
-        raise ValueError(
-            f"Senior and junior vocabularies differ in size: the senior's logits have {senior_width} entries, the "
-            f"junior's {junior_width}. Tandem generation mixes the two distributions token by token. {fix}"
-        )
-    senior_vocab, junior_vocab = senior_tokenizer.get_vocab(), junior_tokenizer.get_vocab()
-    senior_by_id = {i: t for t, i in senior_vocab.items()}
-    junior_by_id = {i: t for t, i in junior_vocab.items()}
+    senior_by_id = {i: t for t, i in senior_tokenizer.get_vocab().items()}
+    junior_by_id = {i: t for t, i in junior_tokenizer.get_vocab().items()}
     differing = [
         i for i in sorted(set(senior_by_id) | set(junior_by_id)) if senior_by_id.get(i) != junior_by_id.get(i)
     ]
@@ -39,15 +44,30 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
         examples = ", ".join(f"id {i}: {senior_by_id.get(i)!r} vs {junior_by_id.get(i)!r}" for i in differing[:5])
         raise ValueError(
             f"Senior and junior tokenizers map {len(differing)} ids to different tokens ({examples}; senior first). "
-            f"{fix}"
+            f"Tandem generation mixes the two distributions token by token. {fix}"
         )
+    size = len(senior_tokenizer)
+    for name, width in (("senior", senior_width), ("junior", junior_width)):
+        if width < size:
+            raise ValueError(
+                f"The {name}'s logits have {width} entries but the shared tokenizer has {size} tokens: ids "
+                f"{width}..{size - 1} could not be scored by the {name}. Check that its config's vocab_size belongs "
+                "to this tokenizer."
+            )
 
 
-def check_junior_vocabulary(senior_tokenizer, senior_width: int, junior_name_or_path: str) -> str:
-    """Check a junior by its tokenizer and config alone (cheap: no weights loaded); return its resolved path."""
+def check_junior_vocabulary(
+    senior_tokenizer, senior_width: int, junior_name_or_path: str, trust_remote_code: bool = False
+) -> str:
+    """Check a junior by its tokenizer and config alone (cheap: no weights loaded); return its resolved path.
+
+    Raises:
+        ValueError: see :func:`check_same_vocabulary`.
+        OSError: the junior cannot be found.
+    """
     path = resolve_model_path(junior_name_or_path)
-    junior_tokenizer = AutoTokenizer.from_pretrained(path)
-    junior_width = logits_width(AutoConfig.from_pretrained(path))
+    junior_tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+    junior_width = logits_width(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
     check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width, junior_width)
     return path
 

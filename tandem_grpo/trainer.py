@@ -24,10 +24,11 @@ from trl.trainer.utils import add_fused_lm_head, get_config_model_id, pad
 
 from .authorship import authorship_spans, mark_junior_text
 from .config import TandemGRPOConfig
-from .generation import SamplingSettings, tandem_generate
+from .generation import tandem_generate
 from .handoff import BoundaryTables, replay_authorship
 from .junior import check_junior_vocabulary, frozen_copy, load_frozen, logits_width, probe_logits, same_function
 from .models import resolve_model_path
+from .sampling import SamplingSettings
 
 
 class TandemGRPOTrainer(GRPOTrainer):
@@ -63,7 +64,7 @@ class TandemGRPOTrainer(GRPOTrainer):
         if not isinstance(args, TandemGRPOConfig):
             raise TypeError(
                 f"args must be a TandemGRPOConfig, got {type(args).__name__}. Build it with "
-                "`TandemGRPOConfig(**your_grpo_config.to_dict())`."
+                "`TandemGRPOConfig.from_grpo_config(your_grpo_config, junior_probability=0.5)`."
             )
         co_generates = not args.kl_to_junior and args.junior_probability > 0
         if co_generates:
@@ -232,13 +233,7 @@ class TandemGRPOTrainer(GRPOTrainer):
                 attention_mask,
                 rule=self.args.handoff_rule,
                 tables=self._tables,
-                sampling=SamplingSettings(
-                    temperature=self.temperature,
-                    top_p=self.top_p,
-                    top_k=self.top_k,
-                    min_p=self.min_p,
-                    repetition_penalty=self.repetition_penalty,
-                ),
+                sampling=SamplingSettings.from_config(self),
                 max_new_tokens=self.max_completion_length,
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self._tokenizer.pad_token_id,

@@ -38,7 +38,8 @@ def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token="<pad>", eos_token="<eos>")
 
 
-def build_tiny_model(seed: int, vocab_size: int = len(TINY_VOCAB)) -> LlamaForCausalLM:
+def build_tiny_model(seed: int, vocab_size: int = len(TINY_VOCAB), head_dim: int | None = None) -> LlamaForCausalLM:
+    """A tiny random Llama; ``head_dim=32`` gives one vLLM's CPU attention runs (it refuses the default 8)."""
     torch.manual_seed(seed)
     config = LlamaConfig(
         vocab_size=vocab_size,
@@ -47,6 +48,7 @@ def build_tiny_model(seed: int, vocab_size: int = len(TINY_VOCAB)) -> LlamaForCa
         num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
+        head_dim=head_dim,
         max_position_embeddings=512,
         pad_token_id=0,
         eos_token_id=1,
@@ -56,6 +58,21 @@ def build_tiny_model(seed: int, vocab_size: int = len(TINY_VOCAB)) -> LlamaForCa
     model = LlamaForCausalLM(config)
     with torch.no_grad():  # sharper than the default init, so the two tiny models really differ
         model.lm_head.weight.mul_(40)
+    return model.eval()
+
+
+def pad_vocabulary(model: LlamaForCausalLM, extra: int) -> LlamaForCausalLM:
+    """``model`` with ``extra`` more rows of embeddings and logits, as checkpoints pad them past the tokenizer.
+
+    The padded logit rows copy those of the word starts " a", " b", ...: a backend that does not cut the logits to
+    the tokenizer's length would give the padded ids as much probability as those tokens. The first
+    ``len(TINY_VOCAB)`` logits are unchanged.
+    """
+    width = model.config.vocab_size
+    model.resize_token_embeddings(width + extra, mean_resizing=False)
+    with torch.no_grad():
+        start = TINY_VOCAB.index(" a")
+        model.lm_head.weight[width:] = model.lm_head.weight[start : start + extra]
     return model.eval()
 
 

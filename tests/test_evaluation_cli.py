@@ -77,7 +77,14 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     results = _check_outputs(out)
     settings = results["settings"]
     assert settings["k"] == 2 and settings["pass_at"] == [1, 2] and settings["num_problems"] == 3
-    assert settings["generation"]["max_new_tokens"] == 8 and settings["base"] == tiny_dirs["base"]
+    assert settings["max_new_tokens"] == 8 and settings["base"] == tiny_dirs["base"]
+    assert settings["sampling"] == {
+        "temperature": 1.0,
+        "top_p": 1.0,
+        "top_k": 0,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+    }
     entry = results["checkpoints"][tiny_dirs["tandem"]]
     assert set(entry["handoff"]) == {
         "word_p0.5",

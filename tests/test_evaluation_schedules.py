@@ -6,15 +6,10 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tandem_grpo.evaluation.backends import (
-    GenerationBackend,
-    GenerationSettings,
-    TransformersBackend,
-    create_backend,
-    derive_seed,
-)
+from tandem_grpo.evaluation.backends import GenerationBackend, TransformersBackend, create_backend, derive_seed
 from tandem_grpo.evaluation.schedules import handover_token_index, step_schedule, word_handoff_schedule
 from tandem_grpo.handoff import BoundaryTables, HandoffRule, replay_authorship
+from tandem_grpo.sampling import SamplingSettings, default_eos_token_ids
 
 EOS = 2  # SmolLM2's <|im_end|>
 
@@ -61,9 +56,17 @@ class ScriptedBackend(GenerationBackend):
         self.pad_token_id = EOS
         self.calls: list[tuple[list[list[int]], list[int]]] = []
 
-    def generate(self, prompts, settings, *, max_new_tokens=None, seed=0, desc=""):
+    def generate(self, prompts, sampling, *, max_new_tokens, seed=0, desc=""):
         self.calls.append(([list(p) for p in prompts], list(max_new_tokens)))
         return [list(self.continuation) for _ in prompts]
+
+
+def _steps(prompts, drafts, num_steps: int, backend, tok, cap: int, first: str = "senior"):
+    """``step_schedule`` with plain sampling and a length cap of ``cap`` tokens."""
+    return step_schedule(
+        prompts, drafts, num_steps, first=first, continuation=backend, tokenizer=tok, sampling=SamplingSettings(),
+        max_new_tokens=cap,
+    )  # fmt: skip
 
 
 def encode(tok, text: str) -> list[int]:
@@ -82,8 +85,8 @@ def test_senior_first_hands_over_after_s_steps(tok):
     drafts = [encode(tok, "Step one.\nStep two.\nStep three.") + [EOS], encode(tok, "Only.\nTwo.") + [EOS]]
     cont = encode(tok, " the junior writes this") + [EOS]
     backend = ScriptedBackend(cont)
-    settings = GenerationSettings(max_new_tokens=40)
-    out = step_schedule(prompts, drafts, 1, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+    cap = 40
+    out = _steps(prompts, drafts, 1, backend, tok, cap, first="senior")
 
     assert out.name == "senior_first_s1" and out.handed_over == [True, True]
     n0, n1 = prefix_len(tok, drafts[0], "Step one.\n"), prefix_len(tok, drafts[1], "Only.\n")
@@ -101,8 +104,8 @@ def test_senior_first_hands_over_after_s_steps(tok):
 def test_more_steps_than_the_completion_has_keeps_the_first_completion(tok):
     drafts = [encode(tok, "Step one.\nStep two.\nStep three.") + [EOS], encode(tok, "Only.\nTwo.") + [EOS], [EOS]]
     backend = ScriptedBackend(encode(tok, " more") + [EOS])
-    settings = GenerationSettings(max_new_tokens=40)
-    out = step_schedule([[5]] * 3, drafts, 2, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+    cap = 40
+    out = _steps([[5]] * 3, drafts, 2, backend, tok, cap, first="senior")
     # Row 0 has 3 steps: handed over after 2. Row 1 has exactly 2 and row 2 none: their drafts stand, all senior.
     assert out.handed_over == [True, False, False]
     assert out.exhausted_fraction() == pytest.approx(2 / 3)
@@ -118,17 +121,17 @@ def test_junior_first_mirror_and_budget(tok):
     draft = encode(tok, "First step here.\n\nSecond step here.") + [EOS]
     long_cont = encode(tok, " word" * 30)  # longer than the budget left, no EOS
     backend = ScriptedBackend(long_cont)
-    settings = GenerationSettings(max_new_tokens=12)
-    out = step_schedule([[7]], [draft], 1, first="junior", continuation=backend, tokenizer=tok, settings=settings)
+    cap = 12
+    out = _steps([[7]], [draft], 1, backend, tok, cap, first="junior")
     n = prefix_len(tok, draft, "First step here.\n\n")
     assert out.completion_ids[0][:n] == draft[:n]
     assert out.authorship[0] == [0] * n + [1] * (12 - n)  # junior prefix, senior continuation cut at the cap
     assert len(out.completion_ids[0]) == 12
     assert out.name == "junior_first_s1"
     with pytest.raises(ValueError, match="first="):
-        step_schedule([[7]], [draft], 1, first="both", continuation=backend, tokenizer=tok, settings=settings)
+        _steps([[7]], [draft], 1, backend, tok, cap, first="both")
     with pytest.raises(ValueError, match="num_steps"):
-        step_schedule([[7]], [draft], 0, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+        _steps([[7]], [draft], 0, backend, tok, cap, first="senior")
 
 
 def test_handover_cut_lands_in_the_separator(tok):
@@ -148,8 +151,8 @@ def test_step_schedule_with_the_transformers_backend(tok, junior):
     backend = TransformersBackend(junior, tok, batch_size=2, show_progress=False)
     drafts = [encode(tok, "One.\nTwo.\nThree.") + [EOS]] * 3
     prompts = [encode(tok, "Solve: 1+1"), encode(tok, "Solve this: 2+2"), encode(tok, "3")]
-    settings = GenerationSettings(max_new_tokens=10)
-    out = step_schedule(prompts, drafts, 1, first="senior", continuation=backend, tokenizer=tok, settings=settings)
+    cap = 10
+    out = _steps(prompts, drafts, 1, backend, tok, cap, first="senior")
     n = prefix_len(tok, drafts[0], "One.\n")
     for ids, authors in zip(out.completion_ids, out.authorship, strict=True):
         assert ids[:n] == drafts[0][:n]
@@ -160,10 +163,20 @@ def test_step_schedule_with_the_transformers_backend(tok, junior):
 
 def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
     prompts = [encode(tok, "Tell me a story."), encode(tok, "Hi"), encode(tok, "What is 2 + 3?")]
-    settings = GenerationSettings(max_new_tokens=20)
+    cap = 20
     rule = HandoffRule("word", 0.5)
     out = word_handoff_schedule(
-        senior, junior, tok, prompts, settings, rule, eos_token_ids=[EOS], pad_token_id=EOS, batch_size=2, seed=7
+        senior,
+        junior,
+        tok,
+        prompts,
+        SamplingSettings(),
+        rule,
+        max_new_tokens=cap,
+        eos_token_ids=[EOS],
+        pad_token_id=EOS,
+        batch_size=2,
+        seed=7,
     )
     assert out.name == "word_p0.5"
     tables = BoundaryTables.from_tokenizer(tok, len(tok), [EOS])
@@ -184,8 +197,9 @@ def test_word_schedule_extremes(tok, senior, junior, p, author):
         junior,
         tok,
         [encode(tok, "Hello there")],
-        GenerationSettings(max_new_tokens=8),
+        SamplingSettings(),
         HandoffRule("word", p),
+        max_new_tokens=8,
         eos_token_ids=[EOS],
         pad_token_id=EOS,
     )
@@ -195,14 +209,13 @@ def test_word_schedule_extremes(tok, senior, junior, p, author):
 def test_transformers_backend_seeding_caps_and_rng(tok, senior):
     backend = TransformersBackend(senior, tok, batch_size=2, eos_token_ids=[EOS], show_progress=False)
     prompts = [encode(tok, "a b c"), encode(tok, "hello"), encode(tok, "x")]
-    settings = GenerationSettings(max_new_tokens=6)
     state = torch.get_rng_state()
-    first = backend.generate(prompts, settings, seed=3, max_new_tokens=[6, 2, 4])
+    first = backend.generate(prompts, SamplingSettings(), seed=3, max_new_tokens=[6, 2, 4])
     assert torch.equal(state, torch.get_rng_state())  # the caller's RNG is untouched
-    assert first == backend.generate(prompts, settings, seed=3, max_new_tokens=[6, 2, 4])  # reproducible
+    assert first == backend.generate(prompts, SamplingSettings(), seed=3, max_new_tokens=[6, 2, 4])  # reproducible
     assert [len(c) <= cap for c, cap in zip(first, [6, 2, 4], strict=True)] == [True] * 3
     assert all(EOS not in c[:-1] for c in first)
-    assert first != backend.generate(prompts, settings, seed=4, max_new_tokens=[6, 2, 4])
+    assert first != backend.generate(prompts, SamplingSettings(), seed=4, max_new_tokens=[6, 2, 4])
 
 
 def test_backend_names(tok, senior):
@@ -211,5 +224,13 @@ def test_backend_names(tok, senior):
         create_backend("tgi", senior, tok)
     with pytest.raises(ValueError, match="not implemented"):
         create_backend("vllm", senior, tok)
-    with pytest.raises(ValueError, match="temperature"):
-        GenerationSettings(temperature=0.0)
+
+
+def test_backend_ends_completions_at_trainings_eos_ids(tok, senior):
+    # TRL's rule (what the trainer and the vLLM engine use): the tokenizer's EOS and every generation-config EOS.
+    original, senior.generation_config.eos_token_id = senior.generation_config.eos_token_id, 7
+    try:
+        backend = TransformersBackend(senior, tok, show_progress=False)
+        assert backend.eos_token_ids == default_eos_token_ids(tok, senior.generation_config) == [EOS, 7]
+    finally:
+        senior.generation_config.eos_token_id = original

@@ -6,10 +6,11 @@ import math
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, build_tiny_model
+from conftest import TINY_VOCAB, build_tiny_model, pad_vocabulary
 
-from tandem_grpo.generation import SamplingSettings, tandem_generate
+from tandem_grpo.generation import tandem_generate
 from tandem_grpo.handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule, draw_owners, init_state
+from tandem_grpo.sampling import SamplingSettings
 
 
 @pytest.fixture(scope="module")
@@ -197,12 +198,36 @@ def test_truncation_applies_to_the_mixture(models, tiny_tokenizer, tables):
     assert not torch.equal(runs[2], runs[3]), "without truncation they do"
 
 
-def test_bad_sampling_and_vocab_width(models, tiny_tokenizer, tables):
-    with pytest.raises(ValueError, match="temperature"):
-        SamplingSettings(temperature=0.0)
-    wide = build_tiny_model(0, vocab_size=len(TINY_VOCAB) + 3)
+def test_padded_logits_are_cut_to_the_tokenizer(models, tiny_tokenizer, tables):
+    """A model whose logits are wider than the tokenizer (padded embeddings, as Qwen's) co-generates exactly like
+    the same model cut to the tokenizer: same draws, and no id past the tokenizer, although the padding rows copy
+    the logits of real word starts (so they would be drawn often if they were mixed)."""
+    wide = (pad_vocabulary(build_tiny_model(0), 3), pad_vocabulary(build_tiny_model(1), 3))
+    sampling = SamplingSettings(temperature=1.5, top_k=12, top_p=0.9, min_p=0.05)
+    runs = {}
+    for name, pair in {
+        "cut": models,
+        "wide junior": (models[0], wide[1]),
+        "wide senior": (wide[0], models[1]),
+        "both wide": wide,
+    }.items():
+        # "both wide" builds its tables from the tokenizer: for the tokenizer's length, not the logits width.
+        out = tandem_generate(
+            *pair, *_prompts(tiny_tokenizer, 32), rule=HandoffRule("word", 0.5, 32), sampling=sampling,
+            tables=None if name == "both wide" else tables, tokenizer=tiny_tokenizer, max_new_tokens=20,
+            seeds=torch.arange(32), generator=torch.Generator().manual_seed(0),
+        )  # fmt: skip
+        runs[name] = out.completion_ids
+    for name, ids in runs.items():
+        assert torch.equal(ids, runs["cut"]), name
+    assert int(runs["cut"].max()) < len(TINY_VOCAB)
+
+
+def test_logits_narrower_than_the_tables_are_refused(models, tiny_tokenizer):
     ids, mask = _prompts(tiny_tokenizer, 2)
-    with pytest.raises(ValueError, match="logits differ in width"):
+    wide_tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    narrow = build_tiny_model(1, vocab_size=len(TINY_VOCAB) - 3)
+    with pytest.raises(ValueError, match=r"cover 25 token ids but the logits of \{'junior': 22\} are narrower"):
         tandem_generate(
-            models[0], wide, ids, mask, rule=HandoffRule(), tables=tables, eos_token_ids=[1], pad_token_id=0
+            models[0], narrow, ids, mask, rule=HandoffRule(), tables=wide_tables, eos_token_ids=[1], pad_token_id=0
         )

@@ -177,3 +177,23 @@ def test_rule_rejects_bad_values(field, value):
     kwargs = {"granularity": "word", "junior_probability": 0.5, "max_gap_tokens": 32, field: value}
     with pytest.raises(ValueError, match=repr(value).replace(".", r"\.")):
         HandoffRule(**kwargs)
+
+
+def test_rule_from_a_config_reads_the_tandem_fields():
+    from types import SimpleNamespace
+
+    config = SimpleNamespace(handoff_granularity="sentence", junior_probability=1, max_gap_tokens=8)
+    rule = HandoffRule.from_config(config)
+    assert rule == HandoffRule("sentence", 1.0, 8) and isinstance(rule.junior_probability, float)
+    # Checked before converting: 2.5 gap tokens must not silently become 2.
+    with pytest.raises(ValueError, match="max_gap_tokens=2.5"):
+        HandoffRule.from_config(
+            SimpleNamespace(handoff_granularity="word", junior_probability=0.5, max_gap_tokens=2.5)
+        )
+
+
+def test_tables_cover_the_tokenizer_not_the_padding(tiny_tokenizer):
+    wide = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB) + 64, [1, len(TINY_VOCAB) + 2])
+    assert wide.vocab_size == len(TINY_VOCAB) == wide.starts_word.shape[0] == wide.ends_sentence.shape[0]
+    assert wide.is_eos.nonzero().squeeze(1).tolist() == [1]
+    assert BoundaryTables.from_tokenizer(tiny_tokenizer, 10, [1]).vocab_size == 10

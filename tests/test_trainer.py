@@ -6,7 +6,7 @@ import inspect
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, build_tiny_model, build_tiny_tokenizer
+from conftest import TINY_VOCAB, build_tiny_model, build_tiny_tokenizer, pad_vocabulary
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -114,12 +114,26 @@ def test_tools_are_refused_with_co_generation(tmp_path, tiny_model_dirs):
         )  # fmt: skip
 
 
-def test_junior_with_another_vocabulary_size_is_refused(tmp_path, tiny_model_dirs, tiny_tokenizer):
+def test_padded_junior_is_accepted_and_padding_never_sampled(
+    tmp_path, tiny_model_dirs, tiny_tokenizer
+):
+    # Same tokenizer, 3 extra logit rows (as a 7B and a 0.5B model of one family differ): accepted, logits cut.
     wide = tmp_path / "wide"
-    build_tiny_model(1, vocab_size=len(TINY_VOCAB) + 3).save_pretrained(wide)
+    pad_vocabulary(build_tiny_model(1), 3).save_pretrained(wide)
     tiny_tokenizer.save_pretrained(wide)
-    with pytest.raises(ValueError, match=f"{len(TINY_VOCAB)} entries, the junior's {len(TINY_VOCAB) + 3}"):
-        _trainer(tmp_path, tiny_model_dirs, junior_model_name_or_path=str(wide))
+    trainer = _trainer(tmp_path, tiny_model_dirs, junior_model_name_or_path=str(wide))
+    inputs = _rollout(trainer)
+    written = inputs["completion_mask"].bool()
+    assert (inputs["tool_mask"][written] == 0).any(), "the padded junior wrote tokens"
+    assert int(inputs["completion_ids"][written].max()) < len(TINY_VOCAB), "no padded id is ever sampled"
+
+
+def test_junior_narrower_than_the_tokenizer_is_refused(tmp_path, tiny_model_dirs, tiny_tokenizer):
+    narrow = tmp_path / "narrow"
+    build_tiny_model(1, vocab_size=len(TINY_VOCAB) - 2).save_pretrained(narrow)
+    tiny_tokenizer.save_pretrained(narrow)
+    with pytest.raises(ValueError, match=f"junior's logits have {len(TINY_VOCAB) - 2} entries"):
+        _trainer(tmp_path, tiny_model_dirs, junior_model_name_or_path=str(narrow))
 
 
 def test_junior_with_other_token_strings_is_refused(tmp_path, tiny_model_dirs, tiny_tokenizer):

@@ -19,12 +19,7 @@ from scipy.stats import chi2_contingency  # noqa: E402
 
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.models import resolve_model_path  # noqa: E402
-from tandem_grpo.vllm.engine import (  # noqa: E402
-    SamplingSpec,
-    build_llm,
-    new_uids,
-    sampling_params,
-)
+from tandem_grpo.vllm.engine import build_llm, new_uids, sampling_params  # noqa: E402
 from tandem_grpo.vllm.engine import generate_with_llm as generate  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
@@ -72,7 +67,7 @@ def fractions_run(engine, prompts):
     prompt_ids = [p for _ in probabilities for p in prompts for _ in range(4)]
     rules = [HandoffRule("word", q, 32) for q in probabilities for _ in range(len(prompts) * 4)]
     seeds = list(range(1000, 1000 + len(prompt_ids)))
-    rollout = generate(engine[1], prompt_ids, seeds, rules, SamplingSpec(max_tokens=LENGTH))
+    rollout = generate(engine[1], prompt_ids, seeds, rules, max_tokens=LENGTH)
     return probabilities, rules, seeds, prompt_ids, rollout
 
 
@@ -172,10 +167,11 @@ def test_self_pairing_is_distributed_like_solo(engine, prompts):
     llm = engine[1]
     count, length = 64, 2
     prompt = prompts[1]
-    spec = SamplingSpec(max_tokens=length)
     seeds = list(range(count))
     uids = new_uids(count)
-    params = sampling_params(spec, seeds, uids, WORD) + sampling_params(spec, seeds, uids, None)
+    params = sampling_params(None, seeds, uids, WORD, max_tokens=length) + sampling_params(
+        None, seeds, uids, None, max_tokens=length
+    )
     outputs = llm.generate([{"prompt_token_ids": prompt}] * (2 * count), sampling_params=params, use_tqdm=False)
     llm.collective_rpc("tandem_pop_records", args=(uids,))
     tandem = [list(o.outputs[0].token_ids) for o in outputs[:count]]
@@ -237,12 +233,12 @@ def test_weight_sync_updates_the_senior_only(engine, prompts):
     path, llm = engine
     model = llm.llm_engine.model_executor.driver_worker.model_runner.model
     prompt = prompts[0]
-    spec = SamplingSpec(max_tokens=1, generation_kwargs=(("logprobs", 20),))
+    first = {"max_tokens": 1, "generation_kwargs": {"logprobs": 20}}
 
     def first_token_logprobs():
         uids = new_uids(2)
-        params = sampling_params(spec, [0], uids[:1], None) + sampling_params(
-            spec, [1], uids[1:], HandoffRule("word", 1.0, 32)
+        params = sampling_params(None, [0], uids[:1], None, **first) + sampling_params(
+            None, [1], uids[1:], HandoffRule("word", 1.0, 32), **first
         )  # a solo request (the senior) and a junior-only tandem request (P = p_junior)
         outs = llm.generate([{"prompt_token_ids": prompt}] * 2, sampling_params=params, use_tqdm=False)
         llm.collective_rpc("tandem_pop_records", args=(uids,))

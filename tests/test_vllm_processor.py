@@ -17,6 +17,7 @@ skip_without_vllm()
 from vllm import SamplingParams  # noqa: E402
 from vllm.v1.sample.logits_processor import BatchUpdate, MoveDirectionality  # noqa: E402
 
+from tandem_grpo.generation import next_token_logprobs  # noqa: E402
 from tandem_grpo.handoff import (  # noqa: E402
     BoundaryTables,
     HandoffRule,
@@ -25,6 +26,7 @@ from tandem_grpo.handoff import (  # noqa: E402
     init_state,
     mixture_logprobs,
 )
+from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
 from tandem_grpo.vllm.processor import TandemLogitsProcessor, pop_records, tandem_extra_args  # noqa: E402
 
@@ -35,7 +37,8 @@ def _processor(tables: BoundaryTables) -> TandemLogitsProcessor:
     hf_config = SimpleNamespace(architectures=["TandemForCausalLM"])
     config = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
     processor = TandemLogitsProcessor(config, torch.device("cpu"), False)
-    processor._tables = (tables, tables)  # what the processor would build from the engine's tokenizer
+    for width in range(tables.vocab_size, tables.vocab_size + 8):  # what it would build from the engine's tokenizer
+        processor._tables[width] = (tables, tables)
     return processor
 
 
@@ -155,3 +158,98 @@ def test_processor_resumes_a_preempted_request(tiny_tokenizer):
         tokens_so_far.append(int(token))
         outputs.append(int(token))
     assert len(pop_records(["resume"])["resume"]["authors"]) == 7
+
+
+def test_processor_mixes_and_truncates_like_the_transformers_loop(tiny_model_dirs, tiny_tokenizer):
+    """Same logits and state in, same distribution out: the processor (junior logits 3 columns wider, padding that
+    copies real word starts) and :func:`tandem_grpo.generation.next_token_logprobs` (what ``tandem_generate`` draws
+    from), at word granularity with a junior that differs from the senior and top-k, top-p and min-p all set."""
+    from transformers import AutoModelForCausalLM
+
+    senior, junior = (AutoModelForCausalLM.from_pretrained(path).eval() for path in tiny_model_dirs)
+    vocab = len(tiny_tokenizer)
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, vocab, [1])
+    processor = _processor(tables)
+    rule = HandoffRule("word", 0.5, 32)
+    sampling = SamplingSettings(temperature=1.5, top_k=12, top_p=0.8, min_p=0.1)
+    seeds = [21, 22, 23, 24]
+    prompts = [tiny_tokenizer(text).input_ids for text in ("ab c", "d e", "f.\ng", "h")]
+    outputs: list[list[int]] = [[] for _ in seeds]
+    params = [
+        SamplingParams(temperature=sampling.temperature, extra_args=tandem_extra_args(s, f"mix-{s}", rule, sampling))
+        for s in seeds
+    ]
+    TandemLogitsProcessor.validate_params(params[0])
+    added = [(k, params[k], prompts[k], outputs[k]) for k in range(len(seeds))]
+    processor.update_state(BatchUpdate(batch_size=len(seeds), removed=[], added=added, moved=[]))
+    state = init_state(torch.tensor(seeds), rule)
+    generator = torch.Generator().manual_seed(0)
+    order_matters = 0
+
+    def last_logits(model) -> torch.Tensor:
+        with torch.no_grad():
+            rows = [model(torch.tensor([p + o])).logits[:, -1] for p, o in zip(prompts, outputs, strict=True)]
+        return torch.cat(rows)
+
+    for _ in range(12):
+        senior_logits, junior_logits = last_logits(senior), last_logits(junior)
+        padded = torch.cat([junior_logits, junior_logits[:, 10:13]], dim=1)  # ids 25-27 copy " a", " b", " c"
+        put_junior_logits(padded)
+        out = processor.apply(senior_logits / sampling.temperature)  # vLLM applied the temperature already
+
+        expected = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history=None)
+        torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
+        plain = SamplingSettings(temperature=sampling.temperature)
+        untruncated = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, plain, None)
+        min_p_first = truncate_logprobs(truncate_logprobs(untruncated, min_p=sampling.min_p), 12, sampling.top_p)
+        order_matters += int((torch.isfinite(min_p_first) != torch.isfinite(expected)).any())
+
+        tokens = torch.multinomial(torch.softmax(expected, dim=-1), 1, generator=generator).squeeze(1)
+        state, _, _ = advance(state, tokens, tables, rule)
+        for k, token in enumerate(tokens.tolist()):
+            outputs[k].append(token)
+    assert order_matters > 0, "the steps must tell the truncation orders apart"
+    assert int(state.unit_index.min()) > 1 and bool((state.owner == 0).any())  # real handoffs, to the junior too
+    pop_records([f"mix-{s}" for s in seeds])
+
+
+def test_padding_columns_of_the_senior_get_no_probability(tiny_tokenizer):
+    vocab = len(tiny_tokenizer)
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, vocab, [1])
+    processor = _processor(tables)
+    params = SamplingParams(extra_args=tandem_extra_args(3, "padding", HandoffRule("word", 0.5, 32)))
+    processor.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, [2, 3], [])], moved=[]))
+    senior = torch.randn(1, vocab + 5)
+    senior[0, vocab:] = 100.0  # padding rows whose logits would win every draw
+    put_junior_logits(torch.randn(1, vocab))
+    out = processor.apply(senior)
+    assert bool(torch.isinf(out[0, vocab:]).all()) and bool(torch.isfinite(out[0, :vocab]).all())
+    torch.testing.assert_close(out[0, :vocab].exp().sum(), torch.tensor(1.0))
+    pop_records(["padding"])
+
+
+def test_async_scheduling_placeholder_is_refused(tiny_tokenizer):
+    """vLLM's async scheduling appends -1 for a token not sampled yet: the state would lag one token behind."""
+    vocab = len(tiny_tokenizer)
+    processor = _processor(BoundaryTables.from_tokenizer(tiny_tokenizer, vocab, [1]))
+    params = SamplingParams(extra_args=tandem_extra_args(5, "async", HandoffRule("word", 0.5, 32)))
+    outputs: list[int] = []
+    processor.update_state(BatchUpdate(batch_size=1, removed=[], added=[(0, params, [2, 3], outputs)], moved=[]))
+    put_junior_logits(torch.randn(1, vocab))
+    processor.apply(torch.randn(1, vocab))
+    outputs.append(-1)
+    put_junior_logits(torch.randn(1, vocab))
+    with pytest.raises(RuntimeError, match="async scheduling is on.*async_scheduling=False"):
+        processor.apply(torch.randn(1, vocab))
+    assert processor.rows[0].record.position == 0  # nothing was advanced over the placeholder
+    pop_records(["async"])
+
+
+def test_tandem_requests_keep_vllms_own_truncation_off():
+    extra = tandem_extra_args(0, "truncation", HandoffRule(), SamplingSettings(top_k=5, top_p=0.9, min_p=0.1))
+    TandemLogitsProcessor.validate_params(SamplingParams(extra_args=extra))
+    for field in ({"top_k": 5}, {"top_p": 0.9}, {"min_p": 0.1}):
+        with pytest.raises(ValueError, match="truncate the mixture in the logits processor"):
+            TandemLogitsProcessor.validate_params(SamplingParams(**field, extra_args=extra))
+    with pytest.raises(ValueError, match="top_p=1.5"):
+        TandemLogitsProcessor.validate_params(SamplingParams(extra_args={**extra, "tandem_top_p": 1.5}))

@@ -59,6 +59,7 @@ def test_server_command_carries_the_tandem_flags(monkeypatch, tiny_checkpoint):
     assert command[command.index("--worker-extension-cls") + 1] == "tandem_grpo.vllm.worker.TandemWorkerExtension"
     assert command[command.index("--port") + 1] == "8011"
     assert "processed_logprobs" in command
+    assert "--no-async-scheduling" in command  # the logits processor needs every sampled token before the next step
 
 
 def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint):
@@ -66,8 +67,22 @@ def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint)
     from tandem_grpo.vllm.serve import server_command
 
     senior = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-    with pytest.raises(ValueError, match="vocabulary"):
+    with pytest.raises(ValueError, match=r"tokenizers map \d+ ids to different tokens \(id 0: "):
         server_command(["--model", senior, "--junior-model", tiny_checkpoint])
+
+
+def test_junior_with_padded_logits_is_accepted(monkeypatch, tmp_path, tiny_checkpoint, tiny_tokenizer):
+    from conftest import build_tiny_model, pad_vocabulary
+
+    from tandem_grpo.vllm.engine import engine_kwargs
+
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    wide = tmp_path / "wide"
+    pad_vocabulary(build_tiny_model(1), 3).save_pretrained(wide)
+    tiny_tokenizer.save_pretrained(wide)
+    kwargs = engine_kwargs(tiny_checkpoint, str(wide))
+    assert kwargs["hf_overrides"]["tandem_junior_path"] == str(wide)
+    assert kwargs["async_scheduling"] is False
 
 
 def test_start_hint_follows_the_base_url_the_trainer_uses():

@@ -186,14 +186,14 @@ def test_server_rollouts_use_the_junior_and_return_the_seniors_logprobs(server, 
     from transformers import AutoModelForCausalLM
 
     from tandem_grpo.vllm.client import TandemVLLMClient
-    from tandem_grpo.vllm.engine import SamplingSpec, boundary_tables, finish_rollout
+    from tandem_grpo.vllm.engine import boundary_tables, finish_rollout
 
     client = TandemVLLMClient(base_url=server, connection_timeout=10)
     info = client.check_tandem()
     assert info["junior_path"] == junior_path
     rule = HandoffRule("word", 0.5, 32)
     seeds = list(range(6))
-    ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, SamplingSpec(max_tokens=16))
+    ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, max_tokens=16)
     tables = boundary_tables(resolve_model_path(MODEL), info["vocab_size"], tuple(info["eos_token_ids"]))
     rollout = finish_rollout(ids, mixture, records, seeds, rule, tables)
 
@@ -217,13 +217,14 @@ def test_server_rollouts_use_the_junior_and_return_the_seniors_logprobs(server, 
 def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
     from safetensors import safe_open
 
+    from tandem_grpo.sampling import SamplingSettings
     from tandem_grpo.vllm.client import TandemVLLMClient
-    from tandem_grpo.vllm.engine import SamplingSpec, new_uids
+    from tandem_grpo.vllm.engine import new_uids, request_fields
     from tandem_grpo.vllm.processor import tandem_extra_args
 
     client = TandemVLLMClient(base_url=server, connection_timeout=10)
     client.init_communicator(device="cpu" if CPU else 0)
-    fields = {**SamplingSpec(max_tokens=1).request_fields(), "logprobs": 10}
+    fields = request_fields(SamplingSettings(), max_tokens=1, generation_kwargs={"logprobs": 10})
 
     def first_token_logprobs(junior: bool) -> dict:
         payload = {"model": client.model, "prompt": prompt_ids, **fields}

@@ -7,7 +7,7 @@ Modules: :mod:`.metrics` (pass@k, bootstrap intervals, KL, drift reversal, cross
 generation), :mod:`.report` (results.json, plots, HTML) and :mod:`.runner` (the orchestration).
 """
 
-from .backends import GenerationBackend, GenerationSettings, TransformersBackend, create_backend
+from .backends import GenerationBackend, TransformersBackend, create_backend
 from .metrics import (
     bootstrap_mean,
     capability,
@@ -26,7 +26,6 @@ __all__ = [
     "EvaluationConfig",
     "EvaluationError",
     "GenerationBackend",
-    "GenerationSettings",
     "ScheduleOutput",
     "TransformersBackend",
     "bootstrap_mean",

@@ -10,46 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 
 import torch
 
+from ..sampling import SamplingSettings, default_eos_token_ids
+
 BACKENDS = ("transformers",)
 PLANNED_BACKENDS = ("vllm",)
-
-
-@dataclass(frozen=True)
-class GenerationSettings:
-    """How completions are sampled (the meaning and defaults of TRL ``GRPOConfig`` sampling fields).
-
-    Attributes:
-        max_new_tokens: completion length cap in tokens (default 256).
-        temperature: softmax temperature, ``> 0`` (default 1.0; evaluation samples, it never decodes greedily).
-        top_p: nucleus mass in (0, 1] (default 1.0 = off). top_k: 0 = off (default).
-        seed: base seed; each generation call derives its own from it and a tag.
-
-    Raises:
-        ValueError: a value outside its range, naming the field.
-    """
-
-    max_new_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int = 0
-
-    def __post_init__(self) -> None:
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens={self.max_new_tokens!r} must be >= 1.")
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature!r} must be > 0 (evaluation samples k completions).")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1].")
-        if self.top_k < 0:
-            raise ValueError(f"top_k={self.top_k!r} must be >= 0 (0 turns it off).")
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -83,9 +50,9 @@ class GenerationBackend:
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
-        settings: GenerationSettings,
+        sampling: SamplingSettings,
         *,
-        max_new_tokens: Sequence[int] | None = None,
+        max_new_tokens: int | Sequence[int],
         seed: int = 0,
         desc: str = "generate",
     ) -> list[list[int]]:
@@ -93,8 +60,8 @@ class GenerationBackend:
 
         Args:
             prompts: token-id lists (chat template already applied), any lengths.
-            settings: sampling settings; ``settings.max_new_tokens`` caps every completion.
-            max_new_tokens: optional per-prompt caps (each ``<= settings.max_new_tokens``).
+            sampling: sampling settings (the ones training uses; :class:`tandem_grpo.sampling.SamplingSettings`).
+            max_new_tokens: the completion length cap, one for all prompts or one per prompt.
             seed: seed for this call. desc: progress-bar label.
 
         Returns:
@@ -113,8 +80,12 @@ class TransformersBackend(GenerationBackend):
     Args:
         model: a loaded causal LM (evaluation mode is set here). tokenizer: its tokenizer.
         batch_size: prompts per ``generate`` call (default 16).
-        eos_token_ids: defaults to the model's generation config EOS ids, else the tokenizer's.
+        eos_token_ids: default: training's (:func:`tandem_grpo.sampling.default_eos_token_ids`, TRL's rule).
         show_progress: draw a tqdm bar per call.
+
+    Raises:
+        ValueError: ``batch_size < 1``, or no EOS id (none given, and neither the tokenizer nor the generation
+            config has one).
     """
 
     name = "transformers"
@@ -133,7 +104,13 @@ class TransformersBackend(GenerationBackend):
         self.model = model.eval()
         self.tokenizer = tokenizer
         self.batch_size = batch_size
-        self.eos_token_ids = list(eos_token_ids) if eos_token_ids is not None else default_eos_ids(model, tokenizer)
+        if eos_token_ids is None:
+            eos_token_ids = default_eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        if not eos_token_ids:
+            raise ValueError(
+                "The model has no EOS token id (neither its generation config nor its tokenizer has one)."
+            )
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_ids[0])
         self.show_progress = show_progress
@@ -146,15 +123,15 @@ class TransformersBackend(GenerationBackend):
     def generate(
         self,
         prompts: Sequence[Sequence[int]],
-        settings: GenerationSettings,
+        sampling: SamplingSettings,
         *,
-        max_new_tokens: Sequence[int] | None = None,
+        max_new_tokens: int | Sequence[int],
         seed: int = 0,
         desc: str = "generate",
     ) -> list[list[int]]:
         from tqdm.auto import tqdm
 
-        caps = list(max_new_tokens) if max_new_tokens is not None else [settings.max_new_tokens] * len(prompts)
+        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(caps) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
         out: list[list[int]] = []
@@ -170,10 +147,13 @@ class TransformersBackend(GenerationBackend):
                 generated = self.model.generate(
                     input_ids=input_ids.to(self.device),
                     attention_mask=attention_mask.to(self.device),
+                    # transformers truncates in the order of the tandem mixture (top-k, top-p, min-p).
                     do_sample=True,
-                    temperature=settings.temperature,
-                    top_p=settings.top_p,
-                    top_k=settings.top_k,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    min_p=sampling.min_p or None,
+                    repetition_penalty=sampling.repetition_penalty,
                     max_new_tokens=max(batch_caps),
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
@@ -183,17 +163,6 @@ class TransformersBackend(GenerationBackend):
             bar.update(len(batch))
         bar.close()
         return out
-
-
-def default_eos_ids(model, tokenizer) -> list[int]:
-    """EOS ids from the model's generation config (an int or a list), else the tokenizer's ``eos_token_id``."""
-    config = getattr(model, "generation_config", None)
-    eos = getattr(config, "eos_token_id", None) if config is not None else None
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        raise ValueError("The model has no EOS token id (neither its generation config nor its tokenizer has one).")
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def check_backend_name(name: str) -> None:

@@ -13,7 +13,8 @@ import argparse
 import logging
 import sys
 
-from .backends import BACKENDS, PLANNED_BACKENDS, GenerationSettings
+from ..sampling import SamplingSettings
+from .backends import BACKENDS, PLANNED_BACKENDS
 from .metrics import DEFAULT_KL_SMOOTHING
 from .runner import MEASUREMENTS, EvaluationConfig, EvaluationError, evaluate
 
@@ -42,6 +43,8 @@ def build_parser(prog: str = "tandem-grpo evaluate") -> argparse.ArgumentParser:
     gen.add_argument("--temperature", type=float, default=1.0, help="default: 1.0")
     gen.add_argument("--top_p", type=float, default=1.0, help="default: 1.0 (off)")
     gen.add_argument("--top_k", type=int, default=0, help="default: 0 (off)")
+    gen.add_argument("--min_p", type=float, default=0.0, help="default: 0.0 (off)")
+    gen.add_argument("--repetition_penalty", type=float, default=1.0, help="default: 1.0 (off)")
     gen.add_argument("--seed", type=int, default=0, help="default: 0")
     gen.add_argument("--backend", default="transformers", help=f"one of {list(BACKENDS)} (planned: "
                      f"{list(PLANNED_BACKENDS)})")  # fmt: skip
@@ -74,13 +77,7 @@ def config_from_args(args: argparse.Namespace) -> EvaluationConfig:
         EvaluationError: invalid generation settings (named).
     """
     try:
-        generation = GenerationSettings(
-            max_new_tokens=args.max_new_tokens,
-            temperature=args.temperature,
-            top_p=args.top_p,
-            top_k=args.top_k,
-            seed=args.seed,
-        )
+        sampling = SamplingSettings.from_config(args)
     except ValueError as err:
         raise EvaluationError(f"--{err}") from err
     return EvaluationConfig(
@@ -93,7 +90,8 @@ def config_from_args(args: argparse.Namespace) -> EvaluationConfig:
         limit=args.limit,
         k=args.k,
         pass_at=args.pass_at,
-        generation=generation,
+        sampling=sampling,
+        max_new_tokens=args.max_new_tokens,
         junior_probability=args.junior_probability,
         handoff_granularity=args.handoff_granularity,
         max_gap_tokens=args.max_gap_tokens,

@@ -30,7 +30,8 @@ from pathlib import Path
 import torch
 
 from ..handoff import HandoffRule
-from .backends import GenerationSettings, check_backend_name, create_backend, derive_seed
+from ..sampling import SamplingSettings
+from .backends import check_backend_name, create_backend, derive_seed
 from .metrics import DEFAULT_KL_SMOOTHING, capability, drift_reversal, legibility, marginal_kl, token_counts
 from .report import RESULTS_FILE, SampleView, write_report
 from .schedules import ScheduleOutput, step_schedule, word_handoff_schedule
@@ -57,7 +58,8 @@ class EvaluationConfig:
         dataset, split, limit: passed to :func:`tandem_grpo.data.load_math_dataset` (default GSM8K test, all rows).
         k: completions sampled per problem (default 4). pass_at: the k values of pass@k, each ``<= k``
             (default: 1, 2, 4, ... up to and including ``k``).
-        generation: sampling settings (:class:`.backends.GenerationSettings`).
+        sampling: sampling settings (:class:`tandem_grpo.sampling.SamplingSettings`, the ones training uses).
+        max_new_tokens: completion length cap in tokens (default 256).
         junior_probability, handoff_granularity, max_gap_tokens: the schedule-(a) handoff rule (paper defaults).
         step_grid: step counts ``s`` of the step schedules (default 1, 2, 3).
         measurements: which of ``"handoff"``, ``"drift"``, ``"legibility"`` to run (solo always runs).
@@ -81,7 +83,8 @@ class EvaluationConfig:
     limit: int | None = None
     k: int = 4
     pass_at: Sequence[int] | None = None
-    generation: GenerationSettings = field(default_factory=GenerationSettings)
+    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    max_new_tokens: int = 256
     junior_probability: float = 0.5
     handoff_granularity: str = "word"
     max_gap_tokens: int = 32
@@ -111,7 +114,7 @@ class EvaluationConfig:
         return ks + [self.k]
 
     def handoff_rule(self) -> HandoffRule:
-        return HandoffRule(self.handoff_granularity, self.junior_probability, self.max_gap_tokens)
+        return HandoffRule.from_config(self)
 
     def validate(self) -> None:
         """Check every argument that needs no model or data; raise :class:`EvaluationError` naming it."""
@@ -124,6 +127,8 @@ class EvaluationConfig:
             )
         if self.k < 1:
             raise EvaluationError(f"--k {self.k}: the number of samples per problem must be >= 1.")
+        if self.max_new_tokens < 1:
+            raise EvaluationError(f"--max_new_tokens {self.max_new_tokens}: must be >= 1.")
         for kk in self.resolved_pass_at():
             if kk < 1:
                 raise EvaluationError(f"--pass_at {kk}: pass@k needs k >= 1.")
@@ -349,7 +354,7 @@ def _evaluate(config: EvaluationConfig) -> dict:
     timing["load_models"] = time.perf_counter() - t
     eos_ids = models[junior_key].backend.eos_token_ids
     pad_id = models[junior_key].backend.pad_token_id
-    settings = config.generation
+    sampling, max_new_tokens = config.sampling, config.max_new_tokens
 
     # 1. Solo samples: every distinct model once (the junior's drafts start the junior-first schedules).
     t = time.perf_counter()
@@ -357,7 +362,11 @@ def _evaluate(config: EvaluationConfig) -> dict:
     for key in needs_solo:
         m = models[key]
         m.solo = m.backend.generate(
-            rows, settings, seed=derive_seed(settings.seed, "solo", m.path), desc=f"solo {Path(m.path).name}"
+            rows,
+            sampling,
+            max_new_tokens=max_new_tokens,
+            seed=derive_seed(config.seed, "solo", m.path),
+            desc=f"solo {Path(m.path).name}",
         )
         m.solo_correct = _score(tokenizer, m.solo, gold_rows)
     timing["solo_generation_and_scoring"] = time.perf_counter() - t
@@ -371,7 +380,6 @@ def _evaluate(config: EvaluationConfig) -> dict:
         "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166), section 5",
         "settings": config.to_dict()
         | {
-            "generation": settings.to_dict(),
             "resolved_paths": {p: resolve(p) for p in resolved},
             "junior": junior_arg,
             "base": base_arg,
@@ -416,12 +424,13 @@ def _evaluate(config: EvaluationConfig) -> dict:
                     junior.model,
                     tokenizer,
                     rows,
-                    settings,
+                    sampling,
                     rule,
+                    max_new_tokens=max_new_tokens,
                     eos_token_ids=eos_ids,
                     pad_token_id=pad_id,
                     batch_size=config.batch_size,
-                    seed=derive_seed(settings.seed, "word", senior.path),
+                    seed=derive_seed(config.seed, "word", senior.path),
                     progress=bar,
                 )
             )
@@ -435,8 +444,9 @@ def _evaluate(config: EvaluationConfig) -> dict:
                         first=first,
                         continuation=other.backend,
                         tokenizer=tokenizer,
-                        settings=settings,
-                        seed=derive_seed(settings.seed, senior.path),
+                        sampling=sampling,
+                        max_new_tokens=max_new_tokens,
+                        seed=derive_seed(config.seed, senior.path),
                         desc=f"{first}_first_s{s} {name}",
                     )  # fmt: skip
                 )

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 import torch
 
 from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
-from .backends import GenerationBackend, GenerationSettings, cut_at_eos, derive_seed
+from ..sampling import SamplingSettings
+from .backends import GenerationBackend, cut_at_eos, derive_seed
 from .steps import handover_region
 
 
@@ -63,9 +64,10 @@ def word_handoff_schedule(
     junior,
     tokenizer,
     prompts: Sequence[Sequence[int]],
-    settings: GenerationSettings,
+    sampling: SamplingSettings,
     rule: HandoffRule,
     *,
+    max_new_tokens: int,
     eos_token_ids: Sequence[int],
     pad_token_id: int,
     batch_size: int = 16,
@@ -77,8 +79,8 @@ def word_handoff_schedule(
     Args:
         senior, junior: transformers causal LMs sharing one vocabulary. tokenizer: their tokenizer.
         prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
-        settings: sampling settings (temperature, top-p, top-k, max_new_tokens).
-        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
+        sampling: sampling settings (the ones training uses).
+        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``. max_new_tokens: completion length cap.
         eos_token_ids, pad_token_id: token ids for ending and padding.
         batch_size: rows per ``tandem_generate`` call. seed: coin streams use ``derive_seed(seed, "coin", row)``,
             token draws a ``torch.Generator`` seeded per batch. progress: optional tqdm-like, updated per batch.
@@ -86,9 +88,8 @@ def word_handoff_schedule(
     Returns:
         :class:`ScheduleOutput` with the authorship ``tandem_generate`` recorded.
     """
-    from ..generation import SamplingSettings, tandem_generate
+    from ..generation import tandem_generate
 
-    sampling = SamplingSettings(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
     device = next(senior.parameters()).device
     # Built once here: tandem_generate would otherwise decode the whole vocabulary again for every batch.
     tables = BoundaryTables.from_tokenizer(tokenizer, senior.config.get_text_config().vocab_size, list(eos_token_ids))
@@ -109,7 +110,7 @@ def word_handoff_schedule(
             rule=rule,
             tables=tables,
             sampling=sampling,
-            max_new_tokens=settings.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             eos_token_ids=list(eos_token_ids),
             pad_token_id=pad_token_id,
             seeds=seeds.to(device),
@@ -192,7 +193,8 @@ def step_schedule(
     first: str,
     continuation: GenerationBackend,
     tokenizer,
-    settings: GenerationSettings,
+    sampling: SamplingSettings,
+    max_new_tokens: int,
     seed: int = 0,
     desc: str | None = None,
 ) -> ScheduleOutput:
@@ -203,7 +205,7 @@ def step_schedule(
     :func:`tandem_grpo.evaluation.steps.handover_region` (blank lines, else lines), and its tokens up to the
     separator after step ``num_steps`` are kept verbatim (no re-tokenization; :func:`handover_token_index` picks
     the cut). ``continuation``
-    then samples from ``prompt + prefix`` with a cap of ``settings.max_new_tokens - len(prefix)`` tokens, so the
+    then samples from ``prompt + prefix`` with a cap of ``max_new_tokens - len(prefix)`` tokens, so the
     whole completion obeys the same length cap as a solo one.
 
     Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand
@@ -215,7 +217,8 @@ def step_schedule(
         prompts: token-id prompts, one per row. first_completions: the first model's completions, one per row.
         num_steps: ``s >= 1``. first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
         continuation: backend of the other model. tokenizer: the shared tokenizer.
-        settings: sampling settings for the continuation. seed: continuation seed (derived per schedule).
+        sampling: sampling settings for the continuation. max_new_tokens: the length cap of the whole completion.
+        seed: continuation seed (derived per schedule).
         desc: progress-bar label.
 
     Returns:
@@ -243,13 +246,13 @@ def step_schedule(
         prefixes.append(None if region is None else body[: handover_token_index(body, tokenizer, *region)])
 
     rows = [i for i, p in enumerate(prefixes) if p is not None]
-    caps = [settings.max_new_tokens - len(prefixes[i]) for i in rows]
+    caps = [max_new_tokens - len(prefixes[i]) for i in rows]
     cont_prompts = [list(prompts[i]) + prefixes[i] for i in rows]
     name = schedule_name(first, num_steps)
     continued = (
         continuation.generate(
             cont_prompts,
-            settings,
+            sampling,
             max_new_tokens=[max(1, c) for c in caps],
             seed=derive_seed(seed, name),
             desc=desc or name,

@@ -10,8 +10,8 @@ Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to 
 - :meth:`TandemVLLMClient.check_tandem`: fails clearly when the server is not a tandem server.
 - Weight sync without CUDA: TRL's client streams weights over vLLM's NCCL weight-transfer engine, which needs a
   CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
-  folder and asks the server to load them (``tandem_load_weights``); trainer and server must then share a
-  filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
+  folder and asks the server to load them, all in one reload of the senior (``tandem_load_weights``); trainer and
+  server must then share a filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
 - A clear ``ConnectionError`` with the command that starts the server when none answers.
 """
 
@@ -22,13 +22,15 @@ import logging
 import math
 import os
 import tempfile
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 
 import torch
 from trl.generation.vllm_client import VLLMClient, parse_logprobs
 
 from ..handoff import HandoffRule
-from .engine import SamplingSpec, merge_records, new_uids
+from ..sampling import SamplingSettings
+from .engine import merge_records, new_uids, request_fields
 from .processor import tandem_extra_args
 
 logger = logging.getLogger(__name__)
@@ -102,10 +104,22 @@ class TandemVLLMClient(VLLMClient):
         prompts: list[list[int]],
         seeds: list[int],
         rule: HandoffRule,
-        spec: SamplingSpec,
+        sampling: SamplingSettings | None = None,
+        *,
+        max_tokens: int = 256,
+        generation_kwargs: Mapping[str, object] | None = None,
         max_concurrent_requests: int = 64,
     ) -> tuple[list[list[int]], list[list[float]] | None, list[dict | None]]:
         """Tandem completions, one per ``(prompt, seed)``.
+
+        Args:
+            prompts: token-id prompts. seeds: one coin-stream seed per prompt. rule: the handoff rule.
+            sampling: the sampling settings (default ``SamplingSettings()``). max_tokens, generation_kwargs: see
+                :func:`tandem_grpo.vllm.engine.request_fields`. max_concurrent_requests: requests in flight.
+
+        Raises:
+            ValueError: as many seeds as prompts are needed; see also
+                :func:`tandem_grpo.vllm.engine.request_fields`.
 
         Returns:
             ``(completion_ids, mixture_logprobs, records)``: token ids, vLLM's ``log P`` per token (``NaN`` where
@@ -116,16 +130,17 @@ class TandemVLLMClient(VLLMClient):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per completion.")
         if not prompts:
             return [], [], []
+        sampling = sampling or SamplingSettings()
         uids = new_uids(len(prompts))
         base = {
             "model": self.model,
             "return_token_ids": True,
             "return_tokens_as_token_ids": True,
-            **spec.request_fields(),
+            **request_fields(sampling, max_tokens, generation_kwargs),
         }
 
         def send(i: int) -> dict:
-            xargs = tandem_extra_args(seeds[i], uids[i], rule, spec.min_p)
+            xargs = tandem_extra_args(seeds[i], uids[i], rule, sampling)
             payload = {**base, "prompt": list(prompts[i]), "vllm_xargs": xargs}
             return self._post(f"{self.base_url}/v1/completions", json=payload)["choices"][0]
 
@@ -161,22 +176,29 @@ class TandemVLLMClient(VLLMClient):
         from safetensors.torch import save_file
 
         with tempfile.TemporaryDirectory(prefix="tandem-grpo-weights-") as folder:
+            # Every file is written before the server loads any: it must load them all in ONE reload of the senior.
+            # A reload per file would rebuild a layer whose weights straddle two files (e.g. q_proj in one and k_proj
+            # in the next, both packed into qkv_proj) from the first file alone, leaving uninitialized memory in the
+            # rest of the layer; the next reload repeats that for the other part.
+            paths: list[str] = []
             chunk: dict[str, torch.Tensor] = {}
             size = 0
-            for index, (name, tensor) in enumerate(named_params):
+            for name, tensor in named_params:
                 chunk[name] = tensor.detach().to("cpu").contiguous()
                 size += chunk[name].numel() * chunk[name].element_size()
                 if size >= _FILE_CHUNK_BYTES:
-                    self._send_file(save_file, chunk, os.path.join(folder, f"{index}.safetensors"))
+                    paths.append(self._write_file(save_file, chunk, os.path.join(folder, f"{len(paths)}.safetensors")))
                     chunk, size = {}, 0
             if chunk:
-                self._send_file(save_file, chunk, os.path.join(folder, "last.safetensors"))
+                paths.append(self._write_file(save_file, chunk, os.path.join(folder, f"{len(paths)}.safetensors")))
+            if paths:
+                self._rpc("tandem_load_weights", json.dumps(paths))
 
-    def _send_file(self, save_file, chunk: dict, path: str) -> None:
+    @staticmethod
+    def _write_file(save_file, chunk: dict, path: str) -> str:
         save_file(chunk, path)
         os.chmod(path, 0o644)
-        self._rpc("tandem_load_weights", path)
-        os.remove(path)
+        return path
 
     def close_communicator(self):
         if not self._file_transport:

@@ -10,17 +10,20 @@ import functools
 import math
 import os
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
 
 from ..handoff import BoundaryTables, HandoffRule, replay_authorship
+from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import ARCHITECTURE, PROCESSOR_FQCN, WORKER_EXTENSION_FQCN, check_vllm, select_v1_model_runner
-from .processor import default_eos_token_ids, tandem_extra_args
+from .processor import tandem_extra_args
 
 #: SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor).
 SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
+#: SamplingParams fields of :class:`~tandem_grpo.sampling.SamplingSettings`; tandem requests take them from there.
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
 
 
 def _resolve(name_or_path: str) -> str:
@@ -36,32 +39,9 @@ def _tokenizer(path: str, trust_remote_code: bool = False):
     return AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
 
 
-def check_same_vocabulary(senior: str, junior: str, trust_remote_code: bool = False) -> None:
-    """Raise ``ValueError`` unless the two models share one vocabulary (same config ``vocab_size`` and the same
-    token-to-id map), which tandem generation needs: both models score the same token ids."""
-    from transformers import AutoConfig
-
-    sizes = [
-        AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code).get_text_config().vocab_size
-        for path in (senior, junior)
-    ]
-    if sizes[0] != sizes[1]:
-        raise ValueError(
-            f"The junior ({junior}) has a vocabulary of {sizes[1]} tokens and the senior ({senior}) {sizes[0]}: "
-            "tandem generation needs one shared vocabulary (same tokenizer)."
-        )
-    senior_vocab = _tokenizer(senior, trust_remote_code).get_vocab()
-    junior_vocab = _tokenizer(junior, trust_remote_code).get_vocab()
-    if senior_vocab != junior_vocab:
-        differing = sorted(set(senior_vocab.items()) ^ set(junior_vocab.items()))[:3]
-        raise ValueError(
-            f"The junior ({junior}) and the senior ({senior}) tokenizers map tokens to different ids (e.g. "
-            f"{differing}): tandem generation needs one shared vocabulary."
-        )
-
-
 def engine_eos_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
-    """EOS ids of ``model`` as TRL's GRPOTrainer builds them (tokenizer EOS, then ``generation_config.json``)."""
+    """EOS ids of ``model`` by TRL's rule (:func:`tandem_grpo.sampling.default_eos_token_ids`: the tokenizer's EOS,
+    then those of ``generation_config.json``)."""
     from transformers import GenerationConfig
 
     try:
@@ -90,17 +70,22 @@ def engine_kwargs(
         trust_remote_code: passed to ``transformers`` when reading configs and tokenizers.
 
     Returns:
-        ``{"hf_overrides": {...}, "logits_processors": [...], "worker_extension_cls": str}``.
+        ``{"hf_overrides": {...}, "logits_processors": [...], "worker_extension_cls": str,
+        "async_scheduling": False}`` (the logits processor needs every sampled token before the next step).
 
     Raises:
         ImportError: vLLM missing or older than the minimum version.
-        ValueError: the junior's vocabulary differs from the senior's.
+        ValueError: the junior's tokenizer differs from the senior's, or a logits width is smaller than the
+            tokenizer (:func:`tandem_grpo.junior.check_same_vocabulary`); checked before any weights load.
     """
     from transformers import AutoConfig
 
+    from ..junior import check_junior_vocabulary, logits_width
+
     check_vllm()
     select_v1_model_runner()
-    architectures = list(AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code).architectures or [])
+    config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
+    architectures = list(config.architectures or [])
     if not architectures or architectures == [ARCHITECTURE]:
         raise ValueError(f"{model} has no `architectures` in its config.json (or is already a tandem config).")
     overrides = {
@@ -111,8 +96,9 @@ def engine_kwargs(
         ],
     }
     if junior_model is not None:
-        junior_model = _resolve(junior_model)
-        check_same_vocabulary(model, junior_model, trust_remote_code)
+        junior_model = check_junior_vocabulary(
+            _tokenizer(model, trust_remote_code), logits_width(config), junior_model, trust_remote_code
+        )
         overrides["tandem_junior_path"] = (
             os.path.abspath(junior_model) if os.path.isdir(junior_model) else junior_model
         )
@@ -120,55 +106,57 @@ def engine_kwargs(
         "hf_overrides": overrides,
         "logits_processors": [PROCESSOR_FQCN],
         "worker_extension_cls": WORKER_EXTENSION_FQCN,
+        "async_scheduling": False,
     }
 
 
 @functools.lru_cache(maxsize=8)
 def boundary_tables(model: str, vocab_size: int, eos_token_ids: tuple[int, ...]) -> BoundaryTables:
-    """The boundary tables the engine's processor uses (same tokenizer, width and EOS ids), on the CPU."""
+    """The boundary tables the engine's processor uses (same tokenizer, senior logits width and EOS ids), on the
+    CPU."""
     return BoundaryTables.from_tokenizer(_tokenizer(model), vocab_size, list(eos_token_ids))
 
 
-@dataclass(frozen=True)
-class SamplingSpec:
-    """Sampling settings of a tandem rollout (TRL ``GRPOConfig`` names and defaults).
+def request_fields(
+    sampling: SamplingSettings,
+    max_tokens: int,
+    generation_kwargs: Mapping[str, object] | None = None,
+    *,
+    tandem: bool = True,
+) -> dict:
+    """Plain ``SamplingParams`` kwargs / OpenAI request fields of one completion, without the tandem extra args.
 
-    ``temperature``/``repetition_penalty`` apply to each model before mixing, ``top_p``/``top_k``/``min_p``
-    truncate the mixture. ``generation_kwargs`` go to ``SamplingParams`` unchanged (TRL's ``generation_kwargs``).
+    Tandem requests (``tandem=True``) send vLLM's own ``top_k``/``top_p``/``min_p`` turned off: the logits processor
+    truncates the mixture with ``sampling`` (:func:`~tandem_grpo.vllm.processor.tandem_extra_args`). Solo senior
+    requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
+
+    Args:
+        sampling: the sampling settings. max_tokens: completion length cap (TRL's ``max_completion_length``).
+        generation_kwargs: more ``SamplingParams`` fields, unchanged (TRL's ``generation_kwargs``); ``n``, ``seed``
+            and ``extra_args`` are dropped (one request per completion; seeds crash vLLM's CPU sampler).
 
     Raises:
-        ValueError: ``temperature <= 0`` or a senior-only option in ``generation_kwargs``.
+        ValueError: for tandem requests, a ``generation_kwargs`` entry vLLM would apply to the senior alone
+            (``SENIOR_ONLY_OPTIONS``) or that overrides ``sampling`` (``SAMPLING_FIELDS``).
     """
-
-    max_tokens: int = 256
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    min_p: float = 0.0
-    repetition_penalty: float = 1.0
-    generation_kwargs: tuple[tuple[str, object], ...] = ()
-
-    def __post_init__(self) -> None:
-        if not self.temperature > 0:
-            raise ValueError(f"temperature={self.temperature!r} must be > 0 for tandem sampling.")
-        bad = [k for k, v in self.generation_kwargs if k in SENIOR_ONLY_OPTIONS and v]
+    extra = {k: v for k, v in (generation_kwargs or {}).items() if k not in ("n", "extra_args", "seed")}
+    if tandem:
+        bad = [k for k, v in extra.items() if (k in SENIOR_ONLY_OPTIONS and v) or k in SAMPLING_FIELDS]
         if bad:
-            raise ValueError(f"generation_kwargs {bad} act on the senior's logits alone in vLLM; not supported.")
-
-    def request_fields(self) -> dict:
-        """Plain sampling fields (``SamplingParams`` kwargs / OpenAI request fields), without the tandem ones."""
-        fields = {
-            "n": 1,
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": self.top_k,
-            "min_p": 0.0,  # applied to the mixture by the processor (tandem_min_p)
-            "repetition_penalty": self.repetition_penalty,
-            "max_tokens": self.max_tokens,
-            "logprobs": 0,
-        }
-        fields.update({k: v for k, v in self.generation_kwargs if k not in ("n", "extra_args", "seed")})
-        return fields
+            raise ValueError(
+                f"generation_kwargs {bad} are not supported by tandem requests: {list(SENIOR_ONLY_OPTIONS)} act on "
+                f"the senior's logits alone in vLLM, and {list(SAMPLING_FIELDS)} come from the sampling settings "
+                "(GRPOConfig's fields of those names)."
+            )
+    truncation = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} if tandem else {}
+    return {
+        "n": 1,
+        **sampling.to_dict(),
+        **truncation,
+        "max_tokens": int(max_tokens),
+        "logprobs": 0,
+        **extra,
+    }
 
 
 def merge_records(results: Sequence[dict | None], uids: Sequence[str]) -> list[dict | None]:
@@ -190,20 +178,32 @@ def new_uids(count: int) -> list[str]:
 
 
 def sampling_params(
-    spec: SamplingSpec,
+    sampling: SamplingSettings | None,
     seeds: Sequence[int],
     uids: Sequence[str],
     rule: HandoffRule | Sequence[HandoffRule] | None,
+    *,
+    max_tokens: int = 256,
+    generation_kwargs: Mapping[str, object] | None = None,
 ):
-    """One ``vllm.SamplingParams`` per completion (``rule=None``: plain senior sampling, no tandem)."""
+    """One ``vllm.SamplingParams`` per completion (``rule=None``: plain senior sampling, no tandem).
+
+    Args:
+        sampling: the sampling settings (default ``SamplingSettings()``). seeds, uids: one per completion.
+        rule: the handoff rule, one per completion, or ``None``. max_tokens, generation_kwargs: see
+            :func:`request_fields`.
+
+    Raises:
+        ValueError: see :func:`request_fields`.
+    """
     from vllm import SamplingParams
 
-    fields = spec.request_fields()
+    sampling = sampling or SamplingSettings()
+    fields = request_fields(sampling, max_tokens, generation_kwargs, tandem=rule is not None)
     if rule is None:
-        fields["min_p"] = spec.min_p
         return [SamplingParams(**fields) for _ in seeds]
     return [
-        SamplingParams(**fields, extra_args=tandem_extra_args(seed, uid, current, spec.min_p))
+        SamplingParams(**fields, extra_args=tandem_extra_args(seed, uid, current, sampling))
         for seed, uid, current in zip(seeds, uids, _rules(rule, len(seeds)), strict=True)
     ]
 
@@ -214,8 +214,9 @@ class TandemRollout:
 
     Attributes:
         completion_ids: token ids, EOS included when generated.
-        senior_logprobs: the senior's own log-prob (natural log, at the sampling temperature, under the
-            mixture's top-k/top-p/min-p truncation) of each senior token; ``NaN`` on junior tokens.
+        senior_logprobs: the senior's own log-prob of each senior token (natural log, at the sampling
+            temperature), minus the log of the mixture mass the top-k/top-p/min-p truncation kept at that position
+            (0 without truncation); ``NaN`` on junior tokens.
         authorship: 1 where the senior wrote the token, 0 where the junior did (replayed from seed and tokens).
         mixture_logprobs: what vLLM returned: ``log P`` of each token under the (truncated) mixture.
         engine_authorship: the logits processor's own record of the authors (all tokens but the last of each
@@ -333,7 +334,10 @@ def generate_with_llm(
     prompt_ids: Sequence[Sequence[int]],
     seeds: Sequence[int],
     rule: HandoffRule | Sequence[HandoffRule],
-    spec: SamplingSpec,
+    sampling: SamplingSettings | None = None,
+    *,
+    max_tokens: int = 256,
+    generation_kwargs: Mapping[str, object] | None = None,
 ) -> TandemRollout:
     """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion).
 
@@ -341,12 +345,18 @@ def generate_with_llm(
         llm: a ``vllm.LLM`` built with :func:`engine_kwargs`.
         prompt_ids: ``B`` prompts as token ids (repeat a prompt to get several completions of it).
         seeds: ``B`` coin-stream seeds (distinct per completion).
-        rule: the handoff rule, or one per completion. spec: sampling settings.
+        rule: the handoff rule, or one per completion. sampling: the sampling settings (default
+            ``SamplingSettings()``). max_tokens: completion length cap (default 256). generation_kwargs: more
+            ``SamplingParams`` fields (:func:`request_fields`).
+
+    Raises:
+        ValueError: as many seeds as prompts are needed; see also :func:`request_fields`.
+        RuntimeError: see :func:`finish_rollout`.
     """
     if len(prompt_ids) != len(seeds):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
     uids = new_uids(len(seeds))
-    params = sampling_params(spec, seeds, uids, rule)
+    params = sampling_params(sampling, seeds, uids, rule, max_tokens=max_tokens, generation_kwargs=generation_kwargs)
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=False)
     completions = [list(out.outputs[0].token_ids) for out in outputs]
     logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]

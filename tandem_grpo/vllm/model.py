@@ -77,10 +77,6 @@ def iter_checkpoint(name_or_path: str) -> Iterator[tuple[str, torch.Tensor]]:
         yield from torch.load(file, map_location="cpu", weights_only=True, mmap=True).items()
 
 
-def _vocab_size(config) -> int:
-    return int(config.get_text_config().vocab_size)
-
-
 class TandemForCausalLM(nn.Module):
     """Senior + frozen junior causal LMs in one vLLM model (module docstring).
 
@@ -88,9 +84,12 @@ class TandemForCausalLM(nn.Module):
         vllm_config: the engine's config; ``model_config.hf_config`` carries the ``tandem_*`` overrides.
         prefix: the weight-name prefix vLLM gives this module (normally ``""``).
 
+    The junior's logits width may differ from the senior's (embedding padding): the logits processor cuts both to
+    the tokenizer's ids (:func:`tandem_grpo.vllm.engine.engine_kwargs` has checked the tokenizers and widths).
+
     Raises:
         ValueError: ``tandem_architectures`` is missing (the engine was not built with
-            :func:`tandem_grpo.vllm.engine.engine_kwargs`), or the junior's vocabulary size differs from the senior's.
+            :func:`tandem_grpo.vllm.engine.engine_kwargs`).
     """
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:
@@ -118,11 +117,6 @@ class TandemForCausalLM(nn.Module):
             junior_hf_config = AutoConfig.from_pretrained(
                 _local_checkpoint_dir(self.junior_path), trust_remote_code=model_config.trust_remote_code
             )
-            if _vocab_size(junior_hf_config) != _vocab_size(hf_config):
-                raise ValueError(
-                    f"The junior ({self.junior_path}) has a vocabulary of {_vocab_size(junior_hf_config)} tokens and "
-                    f"the senior {_vocab_size(hf_config)}: tandem generation needs one shared vocabulary."
-                )
             junior_vllm_config = vllm_config.with_hf_config(junior_hf_config)
             if hasattr(junior_vllm_config.model_config, "hf_text_config"):
                 junior_vllm_config.model_config.hf_text_config = junior_hf_config.get_text_config()
@@ -159,7 +153,8 @@ class TandemForCausalLM(nn.Module):
         return torch.cat([senior_hidden, junior_hidden], dim=-1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
-        """Senior logits ``[n, V]`` (returned) and junior logits ``[n, V]`` (published for the logits processor)."""
+        """Senior logits ``[n, V_s]`` (returned) and junior logits ``[n, V_j]`` (published for the logits
+        processor, which cuts both to the tokenizer's ids)."""
         senior_hidden = hidden_states[..., : self.senior_hidden_size]
         junior_hidden = hidden_states[..., self.senior_hidden_size :]
         put_junior_logits(self.junior.compute_logits(junior_hidden))

@@ -2,28 +2,41 @@
 
 Per request it keeps the handoff-rule state of :mod:`tandem_grpo.handoff` (owner, pre-drawn next owner, unit length,
 unit index, sentence flag, coin seed) and, every step, replaces the request's row of the senior logits with the log
-probabilities of the tandem mixture ``P`` (:func:`~tandem_grpo.handoff.mixture_logprobs`). vLLM's sampler then
-draws the token from ``P``; the token's author is a function of the token (``advance``), so nothing else has to be
-decided here.
+probabilities of the tandem mixture ``P`` (:func:`~tandem_grpo.handoff.mixture_logprobs`), truncated. vLLM's
+sampler then draws the token from that; the token's author is a function of the token (``advance``), so nothing
+else has to be decided here.
 
 Where it sits in vLLM's sampler (``vllm/v1/sample/sampler.py``, vLLM 0.32): the processor declares itself
 argmax-invariant, so it runs *after* vLLM has applied the penalties and the temperature to the senior's logits and
-*before* top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
-:mod:`tandem_grpo.vllm._slot`), mixes, and lets vLLM truncate the mixture with top-k/top-p, which is exactly the
-order of the transformers path (per-model transforms, mix, truncate). ``min_p`` must be passed as ``tandem_min_p``
-(vLLM's built-in min-p processor would run on the senior alone, before this one); this processor applies it to the
-mixture. Greedy requests never reach argmax-invariant processors, so tandem requests must sample
-(``temperature > 0``); :meth:`TandemLogitsProcessor.validate_params` enforces that and the other limits.
+*before* vLLM's top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
+:mod:`tandem_grpo.vllm._slot`), mixes, and truncates the mixture itself with
+:func:`tandem_grpo.sampling.truncate_logprobs` (top-k, then top-p, then min-p): the same function, in the same order,
+as the transformers path. Tandem requests therefore carry ``top_k``/``top_p``/``min_p`` in their extra args
+(:func:`tandem_extra_args`) and send vLLM's own ``top_k``/``top_p``/``min_p`` turned off (vLLM would apply min-p
+before this processor and top-k/top-p after it, another order). Greedy requests never reach argmax-invariant
+processors, so tandem requests must sample (``temperature > 0``); :meth:`TandemLogitsProcessor.validate_params`
+enforces that and the other limits.
+
+Both models' logits are cut to the ``V`` ids of the boundary tables (the tokenizer's length, see
+:meth:`~tandem_grpo.handoff.BoundaryTables.from_tokenizer`) before mixing; columns past ``V`` (embedding padding of
+either checkpoint) get probability 0, so a junior whose logits are wider or narrower than the senior's (down to
+``V``) mixes correctly and vLLM's sampler never draws an id the tokenizer does not know.
+
+The processor needs vLLM's async scheduling off (:func:`tandem_grpo.vllm.engine.engine_kwargs` sets
+``async_scheduling=False``): with it on, a request's last sampled token can still be a placeholder (``-1``) when
+the processor runs, and the rule state would be one token behind; the processor raises instead.
 
 Requests opt in through ``SamplingParams.extra_args`` (:func:`tandem_extra_args`); other requests in the same batch
 are left untouched (plain senior sampling), which is how the tests compare tandem with solo generation in one engine.
 
 Side records, read back by the client (:func:`pop_records`, reached through the worker extension's
 ``collective_rpc``): per request uid, the author of each completion token the processor has advanced over, and per
-position the *senior-logprob correction* ``c_t``. vLLM returns ``log P(x_t)`` (processed logprobs); for a senior
-token ``log p_senior(x_t) = log P(x_t) + c_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from
+position the *senior-logprob correction* ``c_t``. vLLM returns ``log P'(x_t)``, the log-probability under the
+truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the log-softmax of
+what this processor wrote, since vLLM's own top-k/top-p are off for tandem requests). For a senior token
+``log P'(x_t) + c_t = log p_s(x_t) - log Z_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from
 the junior to the senior at ``t`` (``P = p_j(B) p_s(x) / p_s(B)`` there) and ``c_t = 0`` everywhere else
-(``P = p_s`` on every other senior token).
+(``P = p_s`` on every other senior token); ``Z_t`` is the mixture mass the truncation kept (1 without truncation).
 """
 
 from __future__ import annotations
@@ -50,6 +63,7 @@ from ..handoff import (
     mixture_logprobs,
     validate_rule_fields,
 )
+from ..sampling import SamplingSettings, truncate_logprobs
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 
@@ -58,27 +72,34 @@ UID_KEY = "tandem_uid"
 GRANULARITY_KEY = "tandem_granularity"
 PROBABILITY_KEY = "tandem_junior_probability"
 MAX_GAP_KEY = "tandem_max_gap_tokens"
+TOP_K_KEY = "tandem_top_k"
+TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
 MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
 
 
-def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, min_p: float = 0.0) -> dict:
+def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
     """``SamplingParams.extra_args`` (or the OpenAI server's ``vllm_xargs``) that make a request a tandem request.
 
     Args:
         seed: the request's coin-stream seed (any int; hashed to 32 bits by the rule).
         uid: a string unique per request, the key of its side records (:func:`pop_records`).
-        rule: the handoff rule. min_p: min-p truncation of the mixture (0 = off); pass it here, not as
-            ``SamplingParams.min_p``.
+        rule: the handoff rule.
+        sampling: its ``top_k``, ``top_p`` and ``min_p`` truncate the mixture here (default: no truncation); the
+            request's own ``top_k``/``top_p``/``min_p`` must be off (:func:`tandem_grpo.vllm.engine.request_fields`)
+            and its temperature and repetition penalty are the request's.
     """
+    sampling = sampling or SamplingSettings()
     return {
         SEED_KEY: int(seed),
         UID_KEY: str(uid),
         GRANULARITY_KEY: rule.granularity,
         PROBABILITY_KEY: float(rule.junior_probability),
         MAX_GAP_KEY: int(rule.max_gap_tokens),
-        MIN_P_KEY: float(min_p),
+        TOP_K_KEY: int(sampling.top_k),
+        TOP_P_KEY: float(sampling.top_p),
+        MIN_P_KEY: float(sampling.min_p),
     }
 
 
@@ -91,6 +112,23 @@ def rule_from_extra_args(extra_args: dict) -> HandoffRule:
         granularity=extra_args.get(GRANULARITY_KEY, "word"),
         junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
         max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
+    )
+
+
+def sampling_from_params(params: SamplingParams) -> SamplingSettings:
+    """A tandem request's sampling settings: temperature and repetition penalty from the request, the mixture's
+    truncation from its extra args.
+
+    Raises:
+        ValueError: a value outside its range (see :class:`~tandem_grpo.sampling.SamplingSettings`).
+    """
+    extra = params.extra_args or {}
+    return SamplingSettings(
+        temperature=float(params.temperature),
+        top_k=extra.get(TOP_K_KEY, 0),
+        top_p=extra.get(TOP_P_KEY, 1.0),
+        min_p=extra.get(MIN_P_KEY, 0.0),
+        repetition_penalty=float(params.repetition_penalty),
     )
 
 
@@ -117,11 +155,9 @@ class _Row:
     prefix: list[int]  # completion tokens vLLM moved into the prompt when it resumed a preempted request
     outputs: list[int]  # live reference to the request's output token list (vLLM appends to it)
     prompt: list[int] | None
-    temperature: float
-    repetition_penalty: float
+    sampling: SamplingSettings
     frequency_penalty: float
     presence_penalty: float
-    min_p: float
 
     def num_tokens(self) -> int:
         return len(self.prefix) + len(self.outputs)
@@ -130,7 +166,7 @@ class _Row:
         return self.prefix[position] if position < len(self.prefix) else self.outputs[position - len(self.prefix)]
 
     def has_penalties(self) -> bool:
-        return self.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
+        return self.sampling.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
 _RECORDS: OrderedDict[str, _Record] = OrderedDict()
@@ -185,15 +221,6 @@ def _group_by_rule(rows: list[tuple[int, _Row]]) -> dict[HandoffRule, list[tuple
     return groups
 
 
-def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
-    """EOS ids as TRL's ``GRPOTrainer`` builds them: the tokenizer's, then the generation config's."""
-    ids = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
-    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids = [tokenizer.eos_token_id, *ids]
-    return ids
-
-
 class TandemLogitsProcessor(LogitsProcessor):
     """Turns each tandem request's senior logits into the tandem mixture's log-probabilities (module docstring).
 
@@ -207,7 +234,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         self.model_config = model_config
         self.device = device
         self.rows: dict[int, _Row] = {}
-        self._tables: tuple[BoundaryTables, BoundaryTables] | None = None
+        self._tables: dict[int, tuple[BoundaryTables, BoundaryTables]] = {}  # by logits width
 
     # --- vLLM interface -------------------------------------------------------------------------------------------
 
@@ -216,9 +243,10 @@ class TandemLogitsProcessor(LogitsProcessor):
         """Reject tandem requests whose settings the mixture cannot honour (runs in the API process).
 
         Raises:
-            ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``min_p`` set in SamplingParams,
-                or an option that vLLM applies to the senior's logits alone (``logit_bias``, ``min_tokens``,
-                ``bad_words``, ``allowed_token_ids``, structured outputs).
+            ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``top_k``/``top_p``/``min_p`` set
+                in SamplingParams (they belong in the extra args), or an option that vLLM applies to the senior's
+                logits alone (``logit_bias``, ``min_tokens``, ``bad_words``, ``allowed_token_ids``, structured
+                outputs).
         """
         if not is_tandem_request(params):
             return
@@ -231,9 +259,6 @@ class TandemLogitsProcessor(LogitsProcessor):
         validate_rule_fields(
             extra.get(GRANULARITY_KEY, "word"), extra.get(PROBABILITY_KEY, 0.5), extra.get(MAX_GAP_KEY, 32)
         )
-        min_p = extra.get(MIN_P_KEY, 0.0)
-        if not isinstance(min_p, (int, float)) or not 0.0 <= float(min_p) <= 1.0:
-            raise ValueError(f"{MIN_P_KEY}={min_p!r} must be a number in [0, 1].")
         if params.n != 1:
             raise ValueError(
                 f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
@@ -241,8 +266,16 @@ class TandemLogitsProcessor(LogitsProcessor):
             )
         if params.temperature < _SAMPLING_EPS:
             raise ValueError("Tandem requests must sample (temperature > 0); there is no greedy tandem decoding.")
-        if params.min_p:
-            raise ValueError(f"Pass min_p as extra_args['{MIN_P_KEY}'] in tandem requests (it truncates the mixture).")
+        if params.top_k not in (0, -1) or params.top_p < 1.0 or params.min_p:
+            raise ValueError(
+                f"Tandem requests truncate the mixture in the logits processor: pass top_k/top_p/min_p as "
+                f"extra_args['{TOP_K_KEY}'/'{TOP_P_KEY}'/'{MIN_P_KEY}'] (tandem_extra_args(..., sampling)) and leave "
+                f"SamplingParams' own off (got top_k={params.top_k}, top_p={params.top_p}, min_p={params.min_p})."
+            )
+        try:
+            sampling_from_params(params)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"Tandem extra args: {exc}") from exc
         senior_only = {
             "logit_bias": params.logit_bias,
             "min_tokens": params.min_tokens,
@@ -267,14 +300,19 @@ class TandemLogitsProcessor(LogitsProcessor):
         junior_logits = take_junior_logits() if self.enabled else None
         if not self.rows:
             return logits
-        if junior_logits is None or junior_logits.shape != logits.shape:
+        tables, cpu_tables = self._boundary_tables(logits.shape[-1], logits.device)
+        if (
+            junior_logits is None
+            or junior_logits.shape[0] != logits.shape[0]
+            or junior_logits.shape[-1] < tables.vocab_size
+        ):
             got = None if junior_logits is None else tuple(junior_logits.shape)
             raise RuntimeError(
-                f"Tandem rows need the junior's logits of this step (expected {tuple(logits.shape)}, got {got}): "
-                f"the engine must run {ARCHITECTURE} with the V1 model runner and no speculative decoding."
+                f"Tandem rows need the junior's logits of this step ({logits.shape[0]} rows, at least "
+                f"{tables.vocab_size} columns; got {got}): the engine must run {ARCHITECTURE} with the V1 model "
+                "runner and no speculative decoding."
             )
         items = sorted(self.rows.items())
-        tables, cpu_tables = self._boundary_tables(logits.shape[-1], logits.device)
         self._catch_up(items, cpu_tables)
         for rule, members in _group_by_rule(items).items():
             self._mix(logits, junior_logits, tables, rule, members)
@@ -306,17 +344,15 @@ class TandemLogitsProcessor(LogitsProcessor):
             prefix=prefix,
             outputs=outputs,
             prompt=prompt,
-            temperature=float(params.temperature),
-            repetition_penalty=float(params.repetition_penalty),
+            sampling=sampling_from_params(params),
             frequency_penalty=float(params.frequency_penalty),
             presence_penalty=float(params.presence_penalty),
-            min_p=float(extra.get(MIN_P_KEY, 0.0)),
         )
 
     def _boundary_tables(self, vocab_size: int, device: torch.device) -> tuple[BoundaryTables, BoundaryTables]:
-        """Boundary tables for a logits width of ``vocab_size``, on ``device`` and on the CPU (built once)."""
-        if self._tables is None or self._tables[0].is_eos.shape[0] != vocab_size:
-            from transformers import AutoTokenizer, GenerationConfig
+        """Boundary tables for senior logits ``vocab_size`` wide, on ``device`` and on the CPU (built once)."""
+        if vocab_size not in self._tables:
+            from transformers import AutoTokenizer
 
             cfg = self.model_config
             tokenizer = AutoTokenizer.from_pretrained(
@@ -324,25 +360,32 @@ class TandemLogitsProcessor(LogitsProcessor):
             )
             eos = getattr(cfg.hf_config, "tandem_eos_token_ids", None)
             if eos is None:
-                try:
-                    generation_config = GenerationConfig.from_pretrained(cfg.model, revision=cfg.revision)
-                except OSError:
-                    generation_config = None
-                eos = default_eos_token_ids(tokenizer, generation_config)
+                from .engine import engine_eos_token_ids
+
+                eos = engine_eos_token_ids(cfg.model, cfg.trust_remote_code)
             tables = BoundaryTables.from_tokenizer(tokenizer, vocab_size, list(eos))
-            self._tables = (tables.to(device), tables)
-        return self._tables
+            self._tables[vocab_size] = (tables.to(device), tables)
+        return self._tables[vocab_size]
 
     def _catch_up(self, items: list[tuple[int, _Row]], tables: BoundaryTables) -> None:
-        """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one)."""
+        """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one).
+
+        Raises:
+            RuntimeError: a token not sampled yet (vLLM's async-scheduling placeholder ``-1``): the state would be
+                one token behind, so the mixture of this step would use the wrong owner and boundary set.
+        """
         while True:
-            pending = [
-                (index, row)
-                for index, row in items
-                if row.record.position < row.num_tokens() and row.token(row.record.position) >= 0
-            ]
+            pending = [(index, row) for index, row in items if row.record.position < row.num_tokens()]
             if not pending:
                 return
+            placeholders = [index for index, row in pending if row.token(row.record.position) < 0]
+            if placeholders:
+                raise RuntimeError(
+                    f"Batch rows {placeholders} hold a placeholder token (-1) where the last sampled token should be: "
+                    "vLLM's async scheduling is on. The tandem logits processor needs every sampled token before the "
+                    "next step; build the engine with tandem_grpo.vllm.engine.engine_kwargs() (it sets "
+                    "async_scheduling=False) or pass --no-async-scheduling to the server."
+                )
             for rule, members in _group_by_rule(pending).items():
                 records = [row.record for _, row in members]
                 tokens = torch.tensor([row.token(row.record.position) for _, row in members], dtype=torch.long)
@@ -361,14 +404,15 @@ class TandemLogitsProcessor(LogitsProcessor):
         members: list[tuple[int, _Row]],
     ) -> None:
         device = logits.device
+        width = tables.vocab_size
         index = torch.tensor([i for i, _ in members], dtype=torch.long, device=device)
         rows = [row for _, row in members]
         state = _state([row.record for row in rows], device)
-        senior_lp = torch.log_softmax(logits.index_select(0, index), dim=-1)
-        junior = junior_logits.index_select(0, index).float()
+        senior_lp = torch.log_softmax(logits.index_select(0, index)[:, :width], dim=-1)
+        junior = junior_logits.index_select(0, index)[:, :width].float()
         if any(row.has_penalties() for row in rows):
             junior = self._penalize(junior, rows)
-        temperature = torch.tensor([row.temperature for row in rows], dtype=junior.dtype, device=device)
+        temperature = torch.tensor([row.sampling.temperature for row in rows], dtype=junior.dtype, device=device)
         junior_lp = torch.log_softmax(junior / temperature.unsqueeze(1), dim=-1)
         boundary = boundary_mask(state, tables, rule)
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary)
@@ -386,13 +430,16 @@ class TandemLogitsProcessor(LogitsProcessor):
             for k, value in zip(sub.tolist(), values, strict=True):
                 corrections[k] = value
 
-        min_p = torch.tensor([row.min_p for row in rows], dtype=mixed.dtype, device=device)
-        if bool((min_p > 0).any()):
-            threshold = mixed.amax(dim=-1, keepdim=True) + torch.log(min_p.clamp(min=1e-30)).unsqueeze(1)
-            cut = (mixed < threshold) & (min_p > 0).unsqueeze(1)
-            mixed = mixed.masked_fill(cut, float("-inf"))
+        def column(name: str, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor([getattr(row.sampling, name) for row in rows], dtype=dtype, device=device)
 
-        logits.index_copy_(0, index, mixed.to(logits.dtype))
+        mixed = truncate_logprobs(
+            mixed, column("top_k", torch.long), column("top_p", mixed.dtype), column("min_p", mixed.dtype)
+        )
+        # Ids past the tokenizer (embedding padding) keep probability 0 in what vLLM samples from.
+        out = torch.full((len(rows), logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=device)
+        out[:, :width] = mixed.to(logits.dtype)
+        logits.index_copy_(0, index, out)
         for row, correction in zip(rows, corrections, strict=True):
             position = row.num_tokens()
             record = row.record
@@ -413,12 +460,13 @@ class TandemLogitsProcessor(LogitsProcessor):
             outputs = torch.tensor([t for t in row.outputs if 0 <= t < vocab], dtype=torch.long, device=junior.device)
             counts = torch.bincount(outputs, minlength=vocab)[:vocab].to(junior.dtype)
             output_mask = counts > 0
-            if row.repetition_penalty != 1.0:
+            penalty = row.sampling.repetition_penalty
+            if penalty != 1.0:
                 seen = output_mask.clone()
                 prompt = [t for t in (row.prompt or []) if 0 <= t < vocab]
                 if prompt:
                     seen[torch.tensor(prompt, dtype=torch.long, device=junior.device)] = True
-                scale = torch.where(junior[k] > 0, 1.0 / row.repetition_penalty, row.repetition_penalty)
+                scale = torch.where(junior[k] > 0, 1.0 / penalty, penalty)
                 junior[k] = torch.where(seen, junior[k] * scale, junior[k])
             junior[k] -= row.frequency_penalty * counts + row.presence_penalty * output_mask.to(junior.dtype)
         return junior

@@ -29,8 +29,9 @@ import urllib.parse
 from collections.abc import Iterator
 
 from ..handoff import HandoffRule
+from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import check_vllm, select_v1_model_runner
-from .engine import SamplingSpec, boundary_tables, engine_kwargs, finish_rollout, generate_with_llm
+from .engine import boundary_tables, engine_kwargs, finish_rollout, generate_with_llm
 
 logger = logging.getLogger(__name__)
 
@@ -84,8 +85,7 @@ class TandemVLLMGeneration(VLLMGeneration):
     """TRL's ``VLLMGeneration`` with a tandem engine (module docstring).
 
     Args:
-        rule: the handoff rule (``HandoffRule(args.handoff_granularity, args.junior_probability,
-            args.max_gap_tokens)``).
+        rule: the handoff rule (``HandoffRule.from_config(args)``).
         junior_model: the junior's folder or hub id; ``None`` = a frozen copy of the senior's initial weights.
         llm_kwargs: extra ``vllm.LLM`` arguments for colocate mode, on top of TRL's (e.g. ``enforce_eager=True``,
             ``dtype="float32"`` on a CPU); ignored in server mode (pass server flags to ``tandem-grpo vllm-serve``).
@@ -111,8 +111,6 @@ class TandemVLLMGeneration(VLLMGeneration):
     # --- construction ---------------------------------------------------------------------------------------------
 
     def _eos_token_ids(self) -> list[int]:
-        from .processor import default_eos_token_ids
-
         tokenizer = getattr(self.processing_class, "tokenizer", self.processing_class)
         return default_eos_token_ids(tokenizer, getattr(self.model, "generation_config", None))
 
@@ -179,16 +177,9 @@ class TandemVLLMGeneration(VLLMGeneration):
 
     # --- generation -----------------------------------------------------------------------------------------------
 
-    def sampling_spec(self) -> SamplingSpec:
-        return SamplingSpec(
-            max_tokens=self.max_completion_length,
-            temperature=self.temperature,
-            top_p=self.top_p,
-            top_k=self.top_k if self.top_k is not None else 0,
-            min_p=self.min_p or 0.0,
-            repetition_penalty=self.repetition_penalty,
-            generation_kwargs=tuple(sorted((self.generation_kwargs or {}).items())),
-        )
+    def sampling_settings(self) -> SamplingSettings:
+        """The trainer's sampling settings (TRL passes ``GRPOConfig``'s fields to ``VLLMGeneration``)."""
+        return SamplingSettings.from_config(self)
 
     def generate_tandem(
         self, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]
@@ -207,14 +198,25 @@ class TandemVLLMGeneration(VLLMGeneration):
         """
         if len(prompt_ids) != len(seeds):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
-        spec = self.sampling_spec()
+        sampling = self.sampling_settings()
         if self.mode == "server":
-            rollout = self._generate_server(prompt_ids, seeds, spec)
+            rollout = self._generate_server(prompt_ids, seeds, sampling)
         else:
-            rollout = self._generate_colocate(prompt_ids, seeds, spec)
+            rollout = self._generate_colocate(prompt_ids, seeds, sampling)
         return rollout.completion_ids, rollout.senior_logprobs, rollout.authorship
 
-    def _generate_colocate(self, prompt_ids, seeds, spec):
+    def _generate_in_process(self, prompt_ids, seeds, sampling: SamplingSettings):
+        return generate_with_llm(
+            self.llm,
+            prompt_ids,
+            seeds,
+            self.rule,
+            sampling,
+            max_tokens=self.max_completion_length,
+            generation_kwargs=self.generation_kwargs,
+        )
+
+    def _generate_colocate(self, prompt_ids, seeds, sampling: SamplingSettings):
         import torch
 
         if self.tensor_parallel_size > 1:
@@ -223,19 +225,26 @@ class TandemVLLMGeneration(VLLMGeneration):
             torch.distributed.all_gather_object(gathered, (list(prompt_ids), list(seeds)), group=self.tp_group)
             all_prompts = [p for prompts, _ in gathered for p in prompts]
             all_seeds = [s for _, group_seeds in gathered for s in group_seeds]
-            rollout = generate_with_llm(self.llm, all_prompts, all_seeds, self.rule, spec)
+            rollout = self._generate_in_process(all_prompts, all_seeds, sampling)
             rank = torch.distributed.get_rank(group=self.tp_group)
             share = slice(rank * len(prompt_ids), (rank + 1) * len(prompt_ids))
             return rollout.select(share)
-        return generate_with_llm(self.llm, prompt_ids, seeds, self.rule, spec)
+        return self._generate_in_process(prompt_ids, seeds, sampling)
 
-    def _generate_server(self, prompt_ids, seeds, spec):
+    def _generate_server(self, prompt_ids, seeds, sampling: SamplingSettings):
         from accelerate.utils import broadcast_object_list, gather_object
 
         all_prompts = gather_object(list(prompt_ids))
         all_seeds = gather_object(list(seeds))
         if self.accelerator.is_main_process:
-            ids, mixture, records = self.vllm_client.generate_tandem(all_prompts, all_seeds, self.rule, spec)
+            ids, mixture, records = self.vllm_client.generate_tandem(
+                all_prompts,
+                all_seeds,
+                self.rule,
+                sampling,
+                max_tokens=self.max_completion_length,
+                generation_kwargs=self.generation_kwargs,
+            )
             info = self.vllm_client.check_tandem()
             tables = boundary_tables(
                 self.model.name_or_path, int(info["vocab_size"]), tuple(int(i) for i in info["eos_token_ids"])
@@ -247,12 +256,6 @@ class TandemVLLMGeneration(VLLMGeneration):
         broadcast_object_list(box, from_process=0)
         index = self.accelerator.process_index
         return box[0].select(slice(index * len(prompt_ids), (index + 1) * len(prompt_ids)))
-
-
-def rule_from_config(args) -> HandoffRule:
-    """The handoff rule of a ``TandemGRPOConfig`` (fields ``handoff_granularity``, ``junior_probability``,
-    ``max_gap_tokens``)."""
-    return HandoffRule(args.handoff_granularity, args.junior_probability, args.max_gap_tokens)
 
 
 @contextlib.contextmanager
@@ -283,7 +286,7 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
         return
     factory = functools.partial(
         TandemVLLMGeneration,
-        rule=rule_from_config(args),
+        rule=HandoffRule.from_config(args),
         junior_model=getattr(args, "junior_model_name_or_path", None),
         llm_kwargs=llm_kwargs,
     )

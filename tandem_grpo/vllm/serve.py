@@ -9,6 +9,7 @@ dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``
 - ``--hf-overrides``: ``TandemForCausalLM`` with the senior's architectures, the junior's path and the EOS ids;
 - ``--logits-processors tandem_grpo.vllm.processor:TandemLogitsProcessor``;
 - ``--worker-extension-cls tandem_grpo.vllm.worker.TandemWorkerExtension`` (records and weight RPCs);
+- ``--no-async-scheduling`` (the logits processor needs every sampled token before the next step);
 
 and the environment selects vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``). The junior's vocabulary is
 checked against the senior's before the server starts.
@@ -70,6 +71,8 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
         "--worker-extension-cls",
         WORKER_EXTENSION_FQCN,
     ]
+    if kwargs["async_scheduling"] is False:
+        tandem_flags.append("--no-async-scheduling")
     return script_args, [*(extra_args or []), *tandem_flags]
 
 

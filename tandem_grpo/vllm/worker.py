@@ -47,18 +47,31 @@ class TandemWorkerExtension:
             "model": model_config.model,
         }
 
-    def tandem_load_weights(self, path: str) -> int:
-        """Load a safetensors file of senior weights (HF names) into the senior; return the tensor count.
+    def tandem_load_weights(self, paths) -> int:
+        """Load safetensors files of senior weights (HF names) into the senior; return the tensor count.
 
-        The weight path for trainers without CUDA (no NCCL weight-transfer engine): the client writes the file on a
-        filesystem the server shares, then calls this. Routing to the senior is done by
-        ``TandemForCausalLM.reload_senior`` (the junior is never touched).
+        The weight path for trainers without CUDA (no NCCL weight-transfer engine): the client writes the files on a
+        filesystem the server shares, then calls this with their paths (a JSON list, or one path). All files go
+        through ONE ``TandemForCausalLM.reload_senior`` call (the junior is never touched): the reload rebuilds each
+        layer from the weights it receives, so a layer whose weights were split over two separate reloads would
+        keep uninitialized memory where the other part belongs. Files are read one at a time.
         """
         from safetensors.torch import load_file
 
-        tensors = load_file(str(path), device=str(getattr(self, "device", "cpu")))
-        self.model_runner.model.reload_senior(tensors.items())
-        return len(tensors)
+        text = str(paths)
+        files = _decode_list(text) if text.lstrip().startswith("[") else [text]
+        device = str(getattr(self, "device", "cpu"))
+        count = 0
+
+        def tensors():
+            nonlocal count
+            for file in files:
+                for item in load_file(str(file), device=device).items():
+                    count += 1
+                    yield item
+
+        self.model_runner.model.reload_senior(tensors())
+        return count
 
     def tandem_reload_senior(self, weights) -> int:
         """In-process only (colocate): load ``(name, tensor)`` pairs into the senior with

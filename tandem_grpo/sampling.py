@@ -1,0 +1,157 @@
+"""What every backend must agree on when it samples a tandem completion: the sampling settings, the truncation of
+the mixture, and the EOS ids. The transformers loop (:mod:`tandem_grpo.generation`), the vLLM logits processor
+(:mod:`tandem_grpo.vllm.processor`), the vLLM client and the evaluation suite all take them from here, so two
+backends cannot sample from different distributions or stop at different tokens.
+
+Where each setting acts (paper section 3; the mixture is :func:`tandem_grpo.handoff.mixture_logprobs`):
+
+- ``temperature`` and ``repetition_penalty`` act on each model's logits before mixing (each backend applies them
+  the way its own sampler does, so that a self-paired tandem samples exactly like the model alone);
+- ``top_k``, ``top_p`` and ``min_p`` truncate the *mixture*, in that order (:func:`truncate_logprobs`), so the next
+  owner always keeps mass on the handoff set. top-p and min-p do not commute; the order is the one of transformers'
+  ``generate`` (top-k, then top-p, then min-p).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class SamplingSettings:
+    """Sampling settings with the names, meanings and defaults of TRL's ``GRPOConfig`` fields.
+
+    Attributes:
+        temperature: softmax temperature of each model, ``> 0`` (default 1.0; tandem rollouts always sample).
+        top_p: nucleus mass in (0, 1] kept of the mixture (default 1.0 = off).
+        top_k: most likely mixture tokens kept, ``>= 0`` (default 0 = off).
+        min_p: mixture tokens less likely than ``min_p`` times the most likely one are dropped, in [0, 1]
+            (default 0.0 = off).
+        repetition_penalty: ``> 0`` (default 1.0 = off), applied to each model's logits.
+
+    ``None`` for ``top_k`` or ``min_p`` (TRL's "off" for ``min_p``) is stored as 0.
+
+    Raises:
+        ValueError: a value outside its range; the message starts with ``field=value``.
+    """
+
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    repetition_penalty: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.top_k is None:
+            object.__setattr__(self, "top_k", 0)
+        if self.min_p is None:
+            object.__setattr__(self, "min_p", 0.0)
+        if not self.temperature > 0:
+            raise ValueError(f"temperature={self.temperature!r} must be > 0: tandem rollouts sample, never greedily.")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p={self.top_p!r} must be in (0, 1] (1 turns it off).")
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k={self.top_k!r} must be an integer >= 0 (0 turns it off).")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p={self.min_p!r} must be in [0, 1] (0 turns it off).")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty={self.repetition_penalty!r} must be > 0 (1 turns it off).")
+
+    @classmethod
+    def from_config(cls, config) -> SamplingSettings:
+        """The settings of any object with TRL's sampling attributes (``temperature``, ``top_p``, ``top_k``,
+        ``min_p``, ``repetition_penalty``): a ``GRPOConfig``, a ``GRPOTrainer``, TRL's ``VLLMGeneration``.
+
+        Raises:
+            ValueError: as the constructor.
+        """
+        return cls(
+            temperature=config.temperature,
+            top_p=config.top_p,
+            top_k=config.top_k,
+            min_p=config.min_p,
+            repetition_penalty=config.repetition_penalty,
+        )
+
+    def truncate(self, logprobs: torch.Tensor) -> torch.Tensor:
+        """:func:`truncate_logprobs` with these settings (``[B, V]`` in, normalized ``[B, V]`` out)."""
+        return truncate_logprobs(logprobs, self.top_k, self.top_p, self.min_p)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _per_row(value: float | int | torch.Tensor, rows: int, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return torch.broadcast_to(torch.as_tensor(value, device=like.device).to(dtype), (rows,))
+
+
+def truncate_logprobs(
+    logprobs: torch.Tensor,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
+) -> torch.Tensor:
+    """Truncate each row of a distribution with top-k, then top-p, then min-p (each on what the previous kept).
+
+    The one truncation of the tandem mixture; every backend calls it. Each step matches transformers' logits
+    warper of the same name (``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``; vLLM's own top-k /
+    top-p follow the same definitions): top-k keeps every token at least as likely as the k-th (ties kept); top-p
+    keeps the most likely tokens until the mass left out is below ``1 - top_p``, renormalized after top-k; min-p
+    keeps tokens at least ``min_p`` times as likely as the most likely one. The most likely token always stays.
+
+    Args:
+        logprobs: float ``[B, V]`` log-probabilities (``-inf`` where a token is impossible).
+        top_k: int, or long ``[B]`` per row; 0 (default) = off.
+        top_p: float, or float ``[B]`` per row; 1.0 (default) = off.
+        min_p: float, or float ``[B]`` per row; 0.0 (default) = off.
+
+    Returns:
+        float ``[B, V]``: normalized log-probabilities of the truncated distribution, ``-inf`` on dropped tokens.
+    """
+    rows, width = logprobs.shape
+    out = logprobs
+    k = _per_row(top_k, rows, out, torch.long)
+    use_k = (k > 0) & (k < width)
+    if bool(use_k.any()):
+        largest = out.topk(int(k[use_k].max()), dim=-1).values
+        kth = largest.gather(1, (k.clamp(1, largest.shape[-1]) - 1).unsqueeze(1))
+        out = out.masked_fill(use_k.unsqueeze(1) & (out < kth), float("-inf"))
+    p = _per_row(top_p, rows, out, out.dtype)
+    use_p = p < 1.0
+    if bool(use_p.any()):
+        ascending, order = out.sort(dim=-1)
+        mass_below = ascending.softmax(dim=-1).cumsum(dim=-1)
+        drop = mass_below <= (1.0 - p).unsqueeze(1)
+        drop[:, -1] = False
+        drop = drop.scatter(1, order, drop)
+        out = out.masked_fill(use_p.unsqueeze(1) & drop, float("-inf"))
+    m = _per_row(min_p, rows, out, out.dtype)
+    use_m = m > 0.0
+    if bool(use_m.any()):
+        # The ratio to the most likely token does not depend on normalization, so no softmax is needed here.
+        threshold = out.amax(dim=-1, keepdim=True) + torch.log(m.clamp(min=1e-30)).unsqueeze(1)
+        out = out.masked_fill(use_m.unsqueeze(1) & (out < threshold), float("-inf"))
+    return torch.log_softmax(out, dim=-1)
+
+
+def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
+    """EOS ids as TRL's ``GRPOTrainer`` builds ``self.eos_token_ids`` (trl 1.16, ``grpo_trainer.py``): every EOS id
+    of the generation config (an int or a list), with the tokenizer's ``eos_token_id`` put first when missing.
+
+    Training, the vLLM engine's boundary tables and the evaluation suite all use this rule, so they end completions
+    (and treat EOS as a unit boundary) at the same ids.
+
+    Args:
+        tokenizer: has ``eos_token_id`` (may be ``None``). generation_config: a ``GenerationConfig`` or ``None``.
+
+    Returns:
+        The ids, possibly empty (neither source has one).
+    """
+    ids = getattr(generation_config, "eos_token_id", None) if generation_config is not None else None
+    ids = [] if ids is None else [ids] if isinstance(ids, int) else list(ids)
+    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
+        ids = [tokenizer.eos_token_id, *ids]
+    return [int(i) for i in ids]
