@@ -114,9 +114,7 @@ def test_tools_are_refused_with_co_generation(tmp_path, tiny_model_dirs):
         )  # fmt: skip
 
 
-def test_padded_junior_is_accepted_and_padding_never_sampled(
-    tmp_path, tiny_model_dirs, tiny_tokenizer
-):
+def test_padded_junior_is_accepted_and_padding_never_sampled(tmp_path, tiny_model_dirs, tiny_tokenizer):
     # Same tokenizer, 3 extra logit rows (as a 7B and a 0.5B model of one family differ): accepted, logits cut.
     wide = tmp_path / "wide"
     pad_vocabulary(build_tiny_model(1), 3).save_pretrained(wide)
