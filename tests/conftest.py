@@ -2,7 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import socket
 import string
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,3 +124,58 @@ def gsm8k_train() -> Path:
     if not path.is_file():
         pytest.skip(f"{path} missing (the shared data folder sits next to the repository)")
     return path
+
+
+def child_env() -> dict:
+    """The environment for a child process that imports ``conftest`` and picks its own torch.distributed rendezvous
+    (an in-process engine of another test module leaves RANK, MASTER_PORT... behind)."""
+    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    env = {k: v for k, v in os.environ.items() if k not in drop}
+    tests = os.path.dirname(os.path.abspath(__file__))
+    env["PYTHONPATH"] = os.pathsep.join([tests, env.get("PYTHONPATH", "")])
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@contextlib.contextmanager
+def tandem_server(serve_args: list[str], log: Path, timeout_s: float = 600) -> Iterator[str]:
+    """Run ``tandem-grpo vllm-serve SERVE_ARGS`` on a free local port until its /health answers; yield its URL.
+
+    The server runs in its own process group, which is ended (SIGTERM, then SIGKILL) on exit.
+    """
+    import requests
+
+    port = free_port()
+    command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", *serve_args,
+               "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    with open(log, "w") as handle:
+        proc = subprocess.Popen(
+            command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=child_env()
+        )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + timeout_s
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"The tandem server exited ({proc.returncode}):\n{log.read_text()[-6000:]}")
+            try:
+                if requests.get(f"{url}/health", timeout=5).status_code == 200:
+                    break
+            except requests.RequestException:
+                pass
+            if time.time() > deadline:
+                pytest.fail(f"The tandem server did not come up in {timeout_s:.0f} s:\n{log.read_text()[-6000:]}")
+            time.sleep(2)
+        yield url
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)

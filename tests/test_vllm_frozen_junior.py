@@ -21,16 +21,12 @@ process, as in real runs); server mode trains in this process against a server i
 from __future__ import annotations
 
 import json
-import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, build_tiny_tokenizer, skip_without_vllm
+from conftest import build_tiny_model, build_tiny_tokenizer, child_env, skip_without_vllm, tandem_server
 
 skip_without_vllm()
 
@@ -117,36 +113,12 @@ if __name__ == "__main__":  # vLLM starts its engine with spawn
 """
 
 
-def _build_model(seed: int):
-    """conftest's tiny Llama widened to vLLM's smallest CPU head size (2 heads of 32)."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=len(TINY_VOCAB),
-        hidden_size=64,
-        intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        max_position_embeddings=512,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-        tie_word_embeddings=False,
-    )
-    model = LlamaForCausalLM(config)
-    with torch.no_grad():  # sharper than the default init, so senior, junior and trained senior clearly differ
-        model.lm_head.weight.mul_(10)
-    return model.eval()
-
-
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory) -> dict[str, str]:
     dirs = {}
     for name, seed in (("senior", 0), ("junior", 1)):
         path = tmp_path_factory.mktemp(f"vllm-{name}")
-        _build_model(seed).save_pretrained(path)
+        build_tiny_model(seed, head_dim=32).save_pretrained(path)
         build_tiny_tokenizer().save_pretrained(path)
         dirs[name] = str(path)
     return dirs
@@ -197,15 +169,6 @@ def _check(phase: list[dict], junior, senior, other_seniors: list, phase_name: s
     _assert_engine_computes(by_q[0.0], senior, other_seniors, f"{phase_name} senior")
 
 
-def _clean_env() -> dict:
-    # An in-process engine of another test module leaves its torch.distributed rendezvous here; a child picks its own.
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    env = {k: v for k, v in os.environ.items() if k not in drop}
-    tests = os.path.dirname(os.path.abspath(__file__))
-    env["PYTHONPATH"] = os.pathsep.join([tests, env.get("PYTHONPATH", "")])  # the script imports conftest
-    return env
-
-
 def _settings() -> str:
     return json.dumps(
         {
@@ -224,7 +187,7 @@ def test_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, tiny_dirs, 
     script = tmp_path / "colocate.py"
     script.write_text(COLOCATE_SCRIPT)
     command = [sys.executable, str(script), tiny_dirs["senior"], junior_path, str(tmp_path / "out"), _settings()]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=_clean_env())
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=child_env())
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
@@ -241,51 +204,15 @@ def test_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, tiny_dirs, 
     assert result["eval"]["eval_completions/mean_length"] > 0
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 @pytest.fixture(scope="module", params=["self", "named"])
 def tiny_server(request, tiny_dirs, tmp_path_factory):
     """A tandem server for the tiny senior (self-paired, or with the named tiny junior); yields (url, junior)."""
-    import requests
-
     junior = tiny_dirs["junior"] if request.param == "named" else None
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", "--model", tiny_dirs["senior"],
-               "--host", "127.0.0.1", "--port", str(port), "--max_model_len", "128",
-               "--gpu_memory_utilization", "0.2"]  # fmt: skip
-    command += ["--junior-model", junior] if junior else []
-    command += ["--dtype", "float32", "--enforce_eager"] if CPU else []
-    with open(log, "w") as handle:
-        proc = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=_clean_env()
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 600
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"The tandem server exited ({proc.returncode}):\n{log.read_text()[-6000:]}")
-            try:
-                if requests.get(f"{url}/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"The tandem server did not come up in 10 minutes:\n{log.read_text()[-6000:]}")
-            time.sleep(2)
+    args = ["--model", tiny_dirs["senior"], "--max_model_len", "128", "--gpu_memory_utilization", "0.2"]
+    args += ["--junior-model", junior] if junior else []
+    args += ["--dtype", "float32", "--enforce_eager"] if CPU else []
+    with tandem_server(args, tmp_path_factory.mktemp("server") / "server.log") as url:
         yield url, junior
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session=True)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
 
 
 def _measure_server(client) -> list[dict]:

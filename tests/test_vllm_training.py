@@ -14,15 +14,12 @@ from __future__ import annotations
 import json
 import math
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
-from conftest import skip_without_vllm
+from conftest import child_env, free_port, skip_without_vllm, tandem_server
 
 skip_without_vllm()
 
@@ -84,19 +81,6 @@ print("RESULT " + json.dumps({"log_history": trainer.state.log_history}), flush=
 """
 
 
-def _clean_env() -> dict:
-    # An in-process engine of another test module (external launcher) leaves its torch.distributed rendezvous in
-    # these variables; a child must pick its own.
-    drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-    return {k: v for k, v in os.environ.items() if k not in drop}
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
@@ -105,7 +89,7 @@ def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
         capture_output=True,
         text=True,
         timeout=1500,
-        env=_clean_env(),
+        env=child_env(),
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
@@ -139,38 +123,9 @@ def junior_path(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def server(junior_path, tmp_path_factory):
-    import requests
-
-    port = _free_port()
-    log = tmp_path_factory.mktemp("server") / "server.log"
-    command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", "--model", MODEL, "--junior-model", junior_path,
-               "--host", "127.0.0.1", "--port", str(port), *ENGINE_FLAGS]  # fmt: skip
-    with open(log, "w") as handle:
-        proc = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=_clean_env()
-        )
-    base_url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.time() + 900
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"The tandem server exited ({proc.returncode}):\n{log.read_text()[-6000:]}")
-            try:
-                if requests.get(f"{base_url}/health", timeout=5).status_code == 200:
-                    break
-            except requests.RequestException:
-                pass
-            if time.time() > deadline:
-                pytest.fail(f"The tandem server did not come up in 15 minutes:\n{log.read_text()[-6000:]}")
-            time.sleep(3)
-        yield base_url
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)  # the server's own process group (start_new_session=True)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
+    args = ["--model", MODEL, "--junior-model", junior_path, *ENGINE_FLAGS]
+    with tandem_server(args, tmp_path_factory.mktemp("server") / "server.log", timeout_s=900) as url:
+        yield url
 
 
 @pytest.fixture(scope="module")
@@ -265,4 +220,4 @@ def test_unreachable_server_names_the_command(tmp_path):
     from tandem_grpo.vllm.client import TandemVLLMClient
 
     with pytest.raises(ConnectionError, match="tandem-grpo vllm-serve --model"):
-        TandemVLLMClient(base_url=f"http://127.0.0.1:{_free_port()}", connection_timeout=0)
+        TandemVLLMClient(base_url=f"http://127.0.0.1:{free_port()}", connection_timeout=0)
