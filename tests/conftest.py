@@ -84,6 +84,34 @@ def pad_vocabulary(model: LlamaForCausalLM, extra: int) -> LlamaForCausalLM:
     return model.eval()
 
 
+def save_tiny_llamas(tmp_path_factory, tokenizer, seeds: dict[str, int], lm_head_scale: float = 1.0) -> dict[str, str]:
+    """Save one tiny random Llama (hidden 32) per ``name: seed`` with ``tokenizer``; return ``{name: folder}``.
+
+    ``lm_head_scale`` sharpens the logits so that models of different seeds differ clearly."""
+    dirs = {}
+    for name, seed in seeds.items():
+        torch.manual_seed(seed)
+        config = LlamaConfig(
+            vocab_size=len(tokenizer),
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=512,
+            pad_token_id=2,
+            eos_token_id=2,
+            bos_token_id=1,
+        )
+        model = LlamaForCausalLM(config)
+        with torch.no_grad():
+            model.lm_head.weight.mul_(lm_head_scale)
+        path = tmp_path_factory.mktemp(name)
+        model.save_pretrained(path)
+        tokenizer.save_pretrained(path)
+        dirs[name] = str(path)
+    return dirs
+
+
 @pytest.fixture(scope="session")
 def tiny_tokenizer() -> PreTrainedTokenizerFast:
     return build_tiny_tokenizer()

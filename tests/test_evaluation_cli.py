@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from conftest import save_tiny_llamas
+from transformers import AutoModelForCausalLM
 
 from tandem_grpo.evaluation.cli import main
 from tandem_grpo.evaluation.report import SampleView, render_samples_html, write_results_json
@@ -32,25 +33,7 @@ def gsm8k_three(tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def tiny_dirs(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
     """Tiny random Llamas with the SmolLM2 tokenizer (and chat template): base/junior, a tandem and a GRPO senior."""
-    dirs = {}
-    for name, seed in (("base", 0), ("tandem", 1), ("grpo", 2)):
-        torch.manual_seed(seed)
-        config = LlamaConfig(
-            vocab_size=len(smollm2_tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=512,
-            pad_token_id=2,
-            eos_token_id=2,
-            bos_token_id=1,
-        )
-        path = tmp_path_factory.mktemp(name)
-        LlamaForCausalLM(config).save_pretrained(path)
-        smollm2_tokenizer.save_pretrained(path)
-        dirs[name] = str(path)
-    return dirs
+    return save_tiny_llamas(tmp_path_factory, smollm2_tokenizer, {"base": 0, "tandem": 1, "grpo": 2})
 
 
 def _check_outputs(out: Path) -> dict:

@@ -15,7 +15,8 @@ import json
 
 import pytest
 import torch
-from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+from conftest import save_tiny_llamas
+from transformers import AutoModelForCausalLM
 
 import tandem_grpo.evaluation.runner as runner
 import tandem_grpo.generation as generation
@@ -28,28 +29,7 @@ QUESTIONS = [("What is 2 + 3?", "5"), ("What is 4 * 2?", "8")]
 @pytest.fixture(scope="module")
 def model_dirs(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
     """Three tiny random Llamas with SmolLM2's tokenizer and chat template: a junior and two checkpoints."""
-    dirs = {}
-    for name, seed in (("junior", 0), ("a", 1), ("b", 2)):
-        torch.manual_seed(seed)
-        config = LlamaConfig(
-            vocab_size=len(smollm2_tokenizer),
-            hidden_size=32,
-            num_hidden_layers=2,
-            num_attention_heads=2,
-            intermediate_size=64,
-            max_position_embeddings=512,
-            pad_token_id=2,
-            eos_token_id=2,
-            bos_token_id=1,
-        )
-        model = LlamaForCausalLM(config)
-        with torch.no_grad():  # sharper than the default init: the models' logits differ by far more than 1e-5
-            model.lm_head.weight.mul_(20)
-        path = tmp_path_factory.mktemp(name)
-        model.save_pretrained(path)
-        smollm2_tokenizer.save_pretrained(path)
-        dirs[name] = str(path)
-    return dirs
+    return save_tiny_llamas(tmp_path_factory, smollm2_tokenizer, {"junior": 0, "a": 1, "b": 2}, lm_head_scale=20)
 
 
 @pytest.fixture(scope="module")
