@@ -13,7 +13,7 @@ Supported row formats (detected from the fields of each row):
 * MATH / MATH-500 / AIME: ``problem`` (or ``question``) and ``answer``;
 * Minerva Math: ``problem`` and ``solution``; the gold is the last ``\\boxed{...}`` of the solution;
 * AMC: ``problem`` and a numeric ``answer`` such as ``27.0`` (written ``"27"``);
-* MultiArith: ``input`` and an integer ``target``.
+* MultiArith: ``input`` and an integer ``target``, or ``question`` and ``final_ans`` (its hub copy).
 """
 
 from __future__ import annotations
@@ -23,17 +23,21 @@ import math
 import os
 import random
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import datasets
 
+from .models import hub_reachable
+
 __all__ = [
+    "DATASETS",
+    "DATA_DIR_ENV",
     "INSTRUCTION",
-    "SHARED_DATASETS",
+    "HubDataset",
     "arithmetic_word_problems",
-    "default_data_dir",
     "gsm8k_gold",
     "last_boxed",
     "load_math_dataset",
@@ -42,11 +46,6 @@ __all__ = [
 
 INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 """Appended to every question: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
-
-SHARED_DATASETS: tuple[str, ...] = ("gsm8k", "math500", "minerva_math", "aime24", "amc23", "multiarith")
-"""Short names of the sets under the shared data folder (``<data dir>/<name>/<split>.jsonl``)."""
-
-DATA_DIR_ENV = "TANDEM_GRPO_DATA_DIR"
 
 QUESTION_FIELDS: tuple[str, ...] = ("problem", "question", "input")
 """Fields that may hold the question, tried in this order."""
@@ -176,14 +175,15 @@ def _present(value: Any) -> bool:
 
 
 def _row_error(source: str, index: int, row: Mapping[str, Any], problem: str, fix: str) -> ValueError:
-    fields = ", ".join(repr(k) for k in row) or "none"
+    # datasets gives every row the union of all rows' fields, None where a row lacks one: list only those present.
+    fields = ", ".join(repr(k) for k, v in row.items() if v is not None) or "none"
     return ValueError(f"{source}: row {index + 1} {problem} (fields found: {fields}). {fix}")
 
 
 def _gold_from_row(row: Mapping[str, Any], index: int, source: str) -> str:
     fix = (
         "Accepted gold fields: 'answer' (a plain answer, or a GSM8K solution ending in '#### <answer>'), "
-        "'target' (MultiArith), or a 'solution' containing \\boxed{<answer>} (MATH/Minerva). "
+        "'target' or 'final_ans' (MultiArith), or a 'solution' containing \\boxed{<answer>} (MATH/Minerva). "
         "Add one of these to the row or remove the row."
     )
     answer = row.get("answer")
@@ -196,9 +196,10 @@ def _gold_from_row(row: Mapping[str, Any], index: int, source: str) -> str:
                     raise _row_error(source, index, row, f"has an unusable GSM8K 'answer': {err}", fix) from err
             return _normalize_gold_string(answer)
         return _format_number(answer)
-    target = row.get("target")
-    if _present(target):
-        return _normalize_gold_string(target) if isinstance(target, str) else _format_number(target)
+    for field in ("target", "final_ans"):  # MultiArith as in MAWPS, and as on the hub (ChilleD/MultiArith)
+        value = row.get(field)
+        if _present(value):
+            return _normalize_gold_string(value) if isinstance(value, str) else _format_number(value)
     solution = row.get("solution")
     if _present(solution) and isinstance(solution, str):
         boxed = last_boxed(solution)
@@ -264,78 +265,99 @@ def to_example(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any
 # --------------------------------------------------------------------------------------------------
 
 
-def _data_dir_candidates() -> list[Path]:
-    env = os.environ.get(DATA_DIR_ENV)
-    if env:
-        return [Path(env).expanduser()]
-    repo_root = Path(__file__).resolve().parents[1]
-    candidates = [Path.cwd().parent / "shared" / "data", repo_root.parent / "shared" / "data"]
-    unique: list[Path] = []
-    for candidate in candidates:
-        if candidate.resolve() not in [u.resolve() for u in unique]:
-            unique.append(candidate)
-    return unique
+@dataclass(frozen=True)
+class HubDataset:
+    """Where a short dataset name lives on the Hugging Face Hub.
+
+    Attributes:
+        repo_id: the hub dataset id, e.g. ``"openai/gsm8k"``.
+        config: the dataset config (``name`` argument of :func:`datasets.load_dataset`), or None.
+        splits: the splits the set has, as named on the hub.
+    """
+
+    repo_id: str
+    config: str | None = None
+    splits: tuple[str, ...] = ("test",)
 
 
-def default_data_dir() -> Path | None:
-    """The shared data folder: ``$TANDEM_GRPO_DATA_DIR`` if set, else the first existing of
-    ``<cwd>/../shared/data`` and ``<repo>/../shared/data``; None when none exists."""
-    for candidate in _data_dir_candidates():
-        if candidate.is_dir():
-            return candidate
-    return None
+DATASETS: dict[str, HubDataset] = {
+    "gsm8k": HubDataset("openai/gsm8k", "main", ("train", "test")),
+    "math500": HubDataset("HuggingFaceH4/MATH-500"),
+    "minerva_math": HubDataset("math-ai/minervamath"),
+    "aime24": HubDataset("math-ai/aime24"),
+    "amc23": HubDataset("math-ai/amc23"),
+    "multiarith": HubDataset("ChilleD/MultiArith", None, ("train", "test")),
+}
+"""Short names accepted by :func:`load_math_dataset` and ``tandem-grpo evaluate --dataset``, with their hub sets."""
+
+DATA_DIR_ENV = "TANDEM_GRPO_DATA_DIR"
+"""Environment variable naming an offline mirror: a folder holding ``<short name>/<split>.jsonl`` files."""
 
 
-def _read_jsonl(path: Path, limit: int | None) -> list[tuple[int, Any]]:
-    """``(0-based line index, parsed row)`` for each non-blank line, stopping after ``limit`` rows."""
-    rows: list[tuple[int, Any]] = []
-    with path.open(encoding="utf-8") as handle:
-        for line_index, line in enumerate(handle):
+def _hub_unreachable_fast() -> bool:
+    """True when the hub's host does not resolve and ``HF_HUB_OFFLINE`` is unset: ``datasets`` would spend ~25 s
+    retrying before failing. (With ``HF_HUB_OFFLINE=1`` ``datasets`` reads its own cache, so it is asked.)"""
+    if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
+        return False
+    return not hub_reachable()
+
+
+def _json_file_error(path: Path, err: Exception) -> ValueError:
+    """Say where a JSON / JSON Lines file is broken; runs only after ``datasets`` failed to read it."""
+    text = path.read_text(encoding="utf-8", errors="replace")
+    if not text.strip():
+        return ValueError(f"{path}: the dataset is empty (no rows). Pass a file with at least one row.")
+    if path.suffix.lower() == ".jsonl" or "\n{" in text.strip():
+        lines = text.splitlines()
+        while lines and not lines[-1].strip():
+            lines.pop()
+        for number, line in enumerate(lines, start=1):
             if not line.strip():
-                continue
+                return ValueError(f"{path}: line {number} is blank. A .jsonl file needs one JSON object per line.")
             try:
-                rows.append((line_index, json.loads(line)))
-            except json.JSONDecodeError as err:
-                raise ValueError(
-                    f"{path}: row {line_index + 1} is not valid JSON ({err.msg} at column {err.colno}). "
+                json.loads(line)
+            except json.JSONDecodeError as bad:
+                return ValueError(
+                    f"{path}: row {number} is not valid JSON ({bad.msg} at column {bad.colno}). "
                     "A .jsonl file needs one JSON object per line."
-                ) from err
-            if limit is not None and len(rows) >= limit:
-                break
-    return rows
+                )
+    else:
+        try:
+            json.loads(text)
+        except json.JSONDecodeError as bad:
+            return ValueError(f"{path}: not valid JSON ({bad.msg} at line {bad.lineno}, column {bad.colno}).")
+    return ValueError(
+        f"{path}: datasets.load_dataset('json') could not read it ({type(err).__name__}: {err}). Each row must be a "
+        "JSON object, and a field must hold the same kind of value in every row."
+    )
 
 
-def _read_json(path: Path, split: str, limit: int | None) -> list[tuple[int, Any]]:
-    text = path.read_text(encoding="utf-8")
+def _read_json_file(path: Path, split: str) -> datasets.Dataset:
+    """Read a ``.jsonl`` / ``.json`` file with ``datasets``' JSON builder (cached as ``datasets`` caches).
+
+    A ``.json`` file may hold a list of rows, JSON Lines, or an object mapping ``split`` (or ``"data"``) to a list.
+    """
+    if path.suffix.lower() not in (".jsonl", ".json"):
+        raise ValueError(f"{path}: unsupported file type {path.suffix!r}; pass a .jsonl or .json file.")
     try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        if err.msg == "Extra data":  # JSON Lines saved with a .json suffix (e.g. Dataset.to_json)
-            return _read_jsonl(path, limit)
-        raise ValueError(f"{path}: not valid JSON ({err.msg} at line {err.lineno}).") from err
-    if isinstance(data, Mapping):
-        if isinstance(data.get(split), list):
-            data = data[split]
-        elif isinstance(data.get("data"), list):
-            data = data["data"]
-        else:
-            raise ValueError(
-                f"{path}: a .json file must hold a list of row objects, or an object mapping the split "
-                f"({split!r}) or 'data' to such a list; found an object with keys {sorted(data)[:10]}."
-            )
-    if not isinstance(data, list):
-        raise ValueError(f"{path}: a .json file must hold a list of row objects, found {type(data).__name__}.")
-    rows = list(enumerate(data))
-    return rows if limit is None else rows[:limit]
-
-
-def _read_file(path: Path, split: str, limit: int | None) -> list[tuple[int, Any]]:
-    suffix = path.suffix.lower()
-    if suffix == ".jsonl":
-        return _read_jsonl(path, limit)
-    if suffix == ".json":
-        return _read_json(path, split, limit)
-    raise ValueError(f"{path}: unsupported file type {path.suffix!r}; pass a .jsonl or .json file.")
+        loaded = datasets.load_dataset("json", data_files=str(path), split="train")
+        if path.suffix.lower() == ".json" and loaded.num_rows == 1:
+            # An object at the top level arrives as one row whose columns are its keys.
+            field = next((f for f in (split, "data") if isinstance(loaded[0].get(f), list)), None)
+            if field is not None:
+                loaded = datasets.load_dataset("json", data_files=str(path), field=field, split="train")
+            elif split not in loaded.column_names and all(isinstance(v, list) for v in loaded[0].values()):
+                raise ValueError(
+                    f"{path}: a .json file must hold a list of row objects, or an object mapping the split "
+                    f"({split!r}) or 'data' to such a list; found an object with keys {sorted(loaded.column_names)}."
+                )
+    except ValueError as err:
+        if str(err).startswith(str(path)):
+            raise
+        raise _json_file_error(path, err) from err
+    except Exception as err:  # datasets wraps reader failures in DatasetGenerationError and friends
+        raise _json_file_error(path, err) from err
+    return loaded
 
 
 def _split_file(folder: Path, split: str, label: str) -> Path:
@@ -359,60 +381,103 @@ def _looks_like_path(source: str) -> bool:
     )
 
 
-def _load_hub_rows(source: str, split: str, limit: int | None) -> list[tuple[int, Any]]:
-    repo_id, _, config = source.partition(":")
-    config = config or _HUB_DEFAULT_CONFIGS.get(repo_id)
-    fix = (
-        "Pass a local .jsonl file instead (one JSON object a line), a folder holding <split>.jsonl, or one of "
-        f"the shared names {', '.join(SHARED_DATASETS)} (looked up in ${DATA_DIR_ENV} or ../shared/data)."
-    )
+def _load_hub(repo_id: str, config: str | None, split: str, offline_fix: str) -> datasets.Dataset:
+    label = repo_id if config is None else f"{repo_id}:{config}"
+    if _hub_unreachable_fast():
+        raise ConnectionError(
+            f"Could not load {label!r} (split {split!r}): the Hugging Face Hub cannot be reached from this machine. "
+            f"{offline_fix}"
+        )
     try:
         loaded = datasets.load_dataset(repo_id, config, split=split)
-    except (ConnectionError, TimeoutError) as err:
+    except (ConnectionError, OSError) as err:
         raise ConnectionError(
-            f"Could not load {source!r} (split {split!r}) from the Hugging Face Hub: the hub could not be "
-            f"reached ({type(err).__name__}: {err}). {fix}"
+            f"Could not load {label!r} (split {split!r}) from the Hugging Face Hub: the hub could not be "
+            f"reached ({type(err).__name__}: {err}). {offline_fix}"
         ) from err
     except Exception as err:
         raise RuntimeError(
-            f"Could not load {source!r} (split {split!r}) with datasets.load_dataset: the hub could not be "
-            f"reached or has no such dataset/split ({type(err).__name__}: {err}). {fix}"
+            f"Could not load {label!r} (split {split!r}) with datasets.load_dataset: no such dataset, config or "
+            f"split, or the hub refused ({type(err).__name__}: {err}). {offline_fix}"
         ) from err
     if not isinstance(loaded, datasets.Dataset):
         raise RuntimeError(f"datasets.load_dataset({repo_id!r}, split={split!r}) returned a {type(loaded).__name__}.")
-    if limit is not None and limit < len(loaded):
-        loaded = loaded.select(range(limit))
-    return list(enumerate(loaded))
+    return loaded
 
 
-def _resolve_rows(source: str | os.PathLike[str], split: str, limit: int | None) -> tuple[str, list[tuple[int, Any]]]:
+def _mirror_dir(data_dir: str | os.PathLike[str] | None) -> Path | None:
+    chosen = data_dir if data_dir is not None else os.environ.get(DATA_DIR_ENV) or None
+    return None if chosen is None else Path(chosen).expanduser()
+
+
+def _load_short_name(name: str, split: str, data_dir: str | os.PathLike[str] | None) -> tuple[str, datasets.Dataset]:
+    hub = DATASETS[name]
+    mirror = _mirror_dir(data_dir)
+    if mirror is not None and (mirror / name).is_dir():
+        file = _split_file(mirror / name, split, f"Dataset {name!r} in the mirror {mirror}")
+        return str(file), _read_json_file(file, split)
+    if split not in hub.splits:
+        raise ValueError(
+            f"Dataset {name!r} has no {split!r} split (it has: {', '.join(hub.splits)}). Pass split={hub.splits[0]!r}."
+        )
+    looked = (
+        f"The mirror {mirror} has no {name}/ folder. "
+        if mirror is not None
+        else f"No offline mirror is set (${DATA_DIR_ENV}). "
+    )
+    fix = (
+        f"{looked}Offline, set {DATA_DIR_ENV} to a folder holding {name}/{split}.jsonl, set HF_HUB_OFFLINE=1 to use "
+        "datasets' cache, or pass the path of a local .jsonl file."
+    )
+    return f"{hub.repo_id} ({split})", _load_hub(hub.repo_id, hub.config, split, fix)
+
+
+def _resolve(
+    source: str | os.PathLike[str], split: str, data_dir: str | os.PathLike[str] | None
+) -> tuple[str, datasets.Dataset]:
     path = Path(source).expanduser()
     label = str(source)
     if path.is_file():
-        return str(path), _read_file(path, split, limit)
+        return str(path), _read_json_file(path, split)
     if path.is_dir():
         file = _split_file(path, split, str(path))
-        return str(file), _read_file(file, split, limit)
-
-    name = str(source).strip().lower()
-    if name in SHARED_DATASETS:
-        searched = _data_dir_candidates()
-        for data_dir in searched:
-            if (data_dir / name).is_dir():
-                file = _split_file(data_dir / name, split, f"Shared dataset {name!r}")
-                return str(file), _read_file(file, split, limit)
-        raise FileNotFoundError(
-            f"Shared dataset {name!r} not found: looked for {name}/ in "
-            f"{', '.join(str(d) for d in searched)}. Set ${DATA_DIR_ENV} to the folder holding "
-            f"{name}/<split>.jsonl, or pass the path of a .jsonl file."
-        )
+        return str(file), _read_json_file(file, split)
+    name = label.strip().lower()
+    if name in DATASETS:
+        return _load_short_name(name, split, data_dir)
     if _looks_like_path(label):
         raise FileNotFoundError(f"{label}: no such file or folder. Pass an existing .jsonl/.json file or folder.")
-    return label, _load_hub_rows(label, split, limit)
+    repo_id, _, config = label.partition(":")
+    fix = (
+        "Pass a local .jsonl file instead (one JSON object a line), a folder holding <split>.jsonl, or one of the "
+        f"short names {', '.join(DATASETS)} (offline: with ${DATA_DIR_ENV} naming a mirror folder)."
+    )
+    return label, _load_hub(repo_id, config or _HUB_DEFAULT_CONFIGS.get(repo_id), split, fix)
 
 
-def _convert(rows: Iterable[tuple[int, Any]], source: str) -> datasets.Dataset:
-    examples = [to_example(row, index, source) for index, row in rows]
+def _line_of_row(path: Path, index: int) -> int | None:
+    """1-based line number of the ``index``-th non-blank line of a JSON Lines file (datasets skips blank lines)."""
+    with path.open(encoding="utf-8") as handle:
+        seen = -1
+        for number, line in enumerate(handle, start=1):
+            seen += bool(line.strip())
+            if seen == index:
+                return number
+    return None
+
+
+def _convert(rows: datasets.Dataset, source: str, limit: int | None) -> datasets.Dataset:
+    count = rows.num_rows if limit is None else min(limit, rows.num_rows)
+    examples = []
+    for index in range(count):
+        try:
+            examples.append(to_example(rows[index], index, source))
+        except ValueError as err:
+            line = _line_of_row(Path(source), index) if source.endswith(".jsonl") and Path(source).is_file() else None
+            if line is None or line == index + 1:
+                raise
+            located = str(err).replace(f"row {index + 1} ", f"row {index + 1} (line {line}) ", 1)
+            raise ValueError(located) from err
     if not examples:
         raise ValueError(f"{source}: the dataset is empty (no rows). Pass a file with at least one row.")
     return datasets.Dataset.from_dict(
@@ -421,45 +486,51 @@ def _convert(rows: Iterable[tuple[int, Any]], source: str) -> datasets.Dataset:
 
 
 def load_math_dataset(
-    source: str | os.PathLike[str], split: str = "train", limit: int | None = None
+    source: str | os.PathLike[str],
+    split: str = "train",
+    limit: int | None = None,
+    data_dir: str | os.PathLike[str] | None = None,
 ) -> datasets.Dataset:
     """Load a math dataset as TRL conversational prompts with gold answers.
 
     ``source`` is resolved in this order:
 
-    1. an existing ``.jsonl`` / ``.json`` file (a ``.json`` file may hold a list of rows, an object
-       mapping ``split`` to a list, or JSON Lines);
+    1. an existing ``.jsonl`` / ``.json`` file, read with ``datasets.load_dataset("json", ...)`` (a ``.json``
+       file may hold a list of rows, JSON Lines, or an object mapping ``split`` or ``"data"`` to a list);
     2. an existing folder containing ``<split>.jsonl`` (or ``<split>.json``);
-    3. a shared short name (``gsm8k``, ``math500``, ``minerva_math``, ``aime24``, ``amc23``,
-       ``multiarith``), read from ``<data dir>/<name>/<split>.jsonl`` where the data dir is
-       ``$TANDEM_GRPO_DATA_DIR`` if set, else ``../shared/data`` next to the working directory or next to
-       the repository. Only ``gsm8k`` has a ``train`` split; the others need ``split="test"``;
+    3. a short name from :data:`DATASETS` (``gsm8k``, ``math500``, ``minerva_math``, ``aime24``, ``amc23``,
+       ``multiarith``): read from the offline mirror ``<data_dir>/<name>/<split>.jsonl`` when ``data_dir`` (or the
+       environment variable ``TANDEM_GRPO_DATA_DIR``) names a folder that holds ``<name>/``, else from its hub
+       dataset (``gsm8k`` is ``openai/gsm8k`` config ``main``) with :func:`datasets.load_dataset`, cached as
+       ``datasets`` caches. Only ``gsm8k`` and ``multiarith`` have a ``train`` split: the others need
+       ``split="test"``. No path is ever guessed: without a mirror setting, short names come from the hub;
     4. otherwise a Hugging Face Hub dataset id (``openai/gsm8k``; ``id:config`` selects a config,
-       ``openai/gsm8k`` defaults to ``main``) loaded with :func:`datasets.load_dataset`.
+       ``openai/gsm8k`` defaults to ``main``).
 
-    All selected rows are converted and validated (see :func:`to_example`) before the dataset is built,
-    so a bad row fails here rather than in the middle of training. Extra columns are dropped.
+    All selected rows are converted and validated (see :func:`to_example`) before the dataset is built, so a bad
+    row fails here rather than in the middle of training. Extra columns are dropped.
 
     Args:
-        source: file, folder, shared name or hub id (see above).
-        split: split name for folders, shared names and the hub (default ``"train"``).
-        limit: keep only the first ``limit`` rows (None: all). Rows past the limit are not read.
+        source: file, folder, short name or hub id (see above).
+        split: split name for folders, short names and the hub (default ``"train"``).
+        limit: keep only the first ``limit`` rows (None: all); rows past the limit are not validated.
+        data_dir: offline mirror folder for short names (default: ``$TANDEM_GRPO_DATA_DIR``, else none).
 
     Returns:
         A :class:`datasets.Dataset` with exactly the columns ``prompt`` (list of one user message) and
         ``answer`` (gold answer string).
 
     Raises:
-        ValueError: a row without question or gold answer (message names the source, row number and
-            field), invalid JSON, an empty dataset, or ``limit`` < 1.
-        FileNotFoundError: a path that does not exist, a missing split, or a shared set not found.
-        ConnectionError: the hub could not be reached (pass a local ``.jsonl`` path instead).
-        RuntimeError: the hub dataset could not be loaded for another reason.
+        ValueError: a row without question or gold answer (the message names the source, row number and field),
+            invalid JSON (with the row), an empty dataset, a split the short name does not have, or ``limit`` < 1.
+        FileNotFoundError: a path that does not exist, or a split missing from a folder or the mirror.
+        ConnectionError: the hub cannot be reached; the message names the offline settings.
+        RuntimeError: the hub dataset could not be loaded for another reason (no such id, config or split).
     """
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}.")
-    label, rows = _resolve_rows(source, split, limit)
-    return _convert(rows, label)
+    label, rows = _resolve(source, split, data_dir)
+    return _convert(rows, label, limit)
 
 
 # --------------------------------------------------------------------------------------------------

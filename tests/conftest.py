@@ -18,7 +18,12 @@ import torch
 from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+# The workspace's offline copy of the public math sets. The package never looks for it: tests name it explicitly
+# through the package's mirror setting, TANDEM_GRPO_DATA_DIR (set here unless the caller already set it).
+_WORKSPACE_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SHARED_DATA = Path(os.environ.get("TANDEM_GRPO_DATA_DIR") or _WORKSPACE_DATA)
+if SHARED_DATA.is_dir():
+    os.environ.setdefault("TANDEM_GRPO_DATA_DIR", str(SHARED_DATA))
 
 # Letters glue into words; " x" starts a word; "." "!" "?" end sentences; "\n" starts a word and ends a sentence.
 _LETTERS = list(string.ascii_lowercase[:8])
@@ -150,7 +155,7 @@ def smollm2_tokenizer(smollm2_path):
 def gsm8k_train() -> Path:
     path = SHARED_DATA / "gsm8k" / "train.jsonl"
     if not path.is_file():
-        pytest.skip(f"{path} missing (the shared data folder sits next to the repository)")
+        pytest.skip(f"{path} missing: set TANDEM_GRPO_DATA_DIR to a mirror of the math sets")
     return path
 
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import datasets
 import pytest
+from conftest import SHARED_DATA as DATA_DIR
 
 from tandem_grpo import data
 from tandem_grpo.data import (
@@ -19,11 +20,9 @@ from tandem_grpo.data import (
     to_example,
 )
 
-DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-
 needs_data = pytest.mark.skipif(
     not (DATA_DIR / "gsm8k" / "train.jsonl").is_file(),
-    reason=f"shared math data not found at {DATA_DIR} (expected ../shared/data next to the repository)",
+    reason=f"math data mirror not found at {DATA_DIR} (set TANDEM_GRPO_DATA_DIR)",
 )
 
 
@@ -82,18 +81,67 @@ def test_short_name_uses_env_data_dir(monkeypatch, tmp_path):
     assert _question(ds[0]).startswith("Janet")
 
 
-@needs_data
-def test_short_name_found_next_to_repo_without_env(monkeypatch, tmp_path):
+def test_short_name_without_mirror_goes_to_the_hub_never_a_guessed_path(monkeypatch, tmp_path):
+    calls = []
+
+    def hub(*args, **kwargs):
+        calls.append((args, kwargs))
+        return datasets.Dataset.from_dict({"question": ["q"], "final_ans": ["7"]})
+
     monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
-    monkeypatch.chdir(tmp_path)  # not next to the data: must fall back to <repo>/../shared/data
-    ds = load_math_dataset("AIME24", split="test")
+    monkeypatch.setattr(data, "hub_reachable", lambda: True)
+    monkeypatch.setattr(data.datasets, "load_dataset", hub)
+    # A folder laid out like the mirror beside the working directory must not be picked up.
+    (tmp_path / "work").mkdir()
+    (tmp_path / "shared" / "data" / "multiarith").mkdir(parents=True)
+    _write_jsonl(tmp_path / "shared" / "data" / "multiarith" / "test.jsonl", [{"input": "x", "target": 1}])
+    monkeypatch.chdir(tmp_path / "work")
+    ds = load_math_dataset("MultiArith", split="test")
+    assert ds["answer"] == ["7"]
+    assert calls == [(("ChilleD/MultiArith", None), {"split": "test"})]
+
+
+@pytest.mark.parametrize("name", sorted(data.DATASETS))
+def test_every_short_name_maps_to_a_hub_set_with_its_config_and_split(monkeypatch, name):
+    calls = []
+    monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
+    monkeypatch.setattr(data, "hub_reachable", lambda: True)
+    monkeypatch.setattr(
+        data.datasets,
+        "load_dataset",
+        lambda *a, **k: calls.append((a, k)) or datasets.Dataset.from_dict({"problem": ["p"], "answer": ["1"]}),
+    )
+    hub = data.DATASETS[name]
+    load_math_dataset(name, split="test")
+    assert calls == [((hub.repo_id, hub.config), {"split": "test"})]
+    if "train" not in hub.splits:
+        with pytest.raises(ValueError, match=rf"{name!r} has no 'train' split.*split='test'"):
+            load_math_dataset(name)
+
+
+def test_hub_unreachable_without_mirror_fails_fast_naming_the_offline_settings(monkeypatch):
+    monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(data, "hub_reachable", lambda: False)
+    monkeypatch.setattr(data.datasets, "load_dataset", lambda *a, **k: pytest.fail("must not wait for the hub"))
+    with pytest.raises(ConnectionError) as info:
+        load_math_dataset("gsm8k", split="test")
+    message = str(info.value)
+    assert "'openai/gsm8k:main'" in message and "TANDEM_GRPO_DATA_DIR" in message and "HF_HUB_OFFLINE=1" in message
+
+
+@needs_data
+def test_data_dir_argument_overrides_the_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("TANDEM_GRPO_DATA_DIR", str(tmp_path))
+    ds = load_math_dataset("AIME24", split="test", data_dir=DATA_DIR)
     assert len(ds) == 30
     assert ds[0]["answer"] == "204"
 
 
-def test_env_data_dir_without_the_set_is_an_error(monkeypatch, tmp_path):
+def test_mirror_without_the_set_names_the_mirror_and_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_GRPO_DATA_DIR", str(tmp_path))
-    with pytest.raises(FileNotFoundError, match="TANDEM_GRPO_DATA_DIR"):
+    monkeypatch.setattr(data, "hub_reachable", lambda: False)
+    with pytest.raises(ConnectionError, match=rf"mirror {re.escape(str(tmp_path))} has no gsm8k/ folder"):
         load_math_dataset("gsm8k")
 
 
@@ -202,13 +250,14 @@ def test_file_row_missing_question_reports_line_number(tmp_path):
     assert "'question'" in message and "'problem'" in message  # says which fields are accepted
 
 
-def test_file_row_missing_answer_counts_blank_lines(tmp_path):
+def test_row_errors_name_the_line_when_blank_lines_shift_rows(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(
         json.dumps({"question": "a", "answer": "#### 1"}) + "\n\n" + json.dumps({"question": "b"}) + "\n",
         encoding="utf-8",
     )
-    with pytest.raises(ValueError, match=r"row 3 has no gold answer: missing field 'answer'"):
+    expected = r"row 2 \(line 3\) has no gold answer: missing field 'answer'.*found: 'question'\)"
+    with pytest.raises(ValueError, match=expected):
         load_math_dataset(path)
 
 
@@ -269,6 +318,7 @@ def test_hub_failure_says_hub_unreachable_and_suggests_local_file(monkeypatch):
         calls.append((args, kwargs))
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
 
+    monkeypatch.setattr(data, "hub_reachable", lambda: True)
     monkeypatch.setattr(data.datasets, "load_dataset", unreachable)
     with pytest.raises(ConnectionError) as info:
         load_math_dataset("openai/gsm8k")
@@ -281,6 +331,7 @@ def test_hub_dataset_rows_are_converted(monkeypatch):
     fake = datasets.Dataset.from_dict(
         {"question": ["q1", "q2", "q3"], "answer": ["x\n#### 1,234", "#### 5", "#### 6"], "extra": [1, 2, 3]}
     )
+    monkeypatch.setattr(data, "hub_reachable", lambda: True)
     monkeypatch.setattr(data.datasets, "load_dataset", lambda *a, **k: fake)
     ds = load_math_dataset("someone/math", split="test", limit=2)
     assert ds.column_names == ["prompt", "answer"]

@@ -9,13 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import save_tiny_llamas
+from conftest import SHARED_DATA, save_tiny_llamas
 from transformers import AutoModelForCausalLM
 
 from tandem_grpo.evaluation.cli import main
 from tandem_grpo.evaluation.report import SampleView, render_samples_html, write_results_json
 
-GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
 OUTPUTS = ("results.json", "pass_at_k.png", "drift.png", "cross_entropy.png", "samples.html", "samples.jsonl")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
@@ -23,7 +23,7 @@ PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 @pytest.fixture(scope="module")
 def gsm8k_three(tmp_path_factory) -> str:
     if not GSM8K_TEST.is_file():
-        pytest.skip(f"{GSM8K_TEST} missing (the shared data folder sits next to the repository)")
+        pytest.skip(f"{GSM8K_TEST} missing (set TANDEM_GRPO_DATA_DIR to a mirror of the math sets)")
     path = tmp_path_factory.mktemp("data") / "gsm8k3.jsonl"
     with GSM8K_TEST.open(encoding="utf-8") as handle:
         path.write_text("".join(next(handle) for _ in range(3)), encoding="utf-8")

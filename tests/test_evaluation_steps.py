@@ -3,19 +3,19 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import SHARED_DATA
 
 from tandem_grpo.evaluation.steps import prefix_end, split_steps, step_spans
 
-GSM8K_TEST = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "gsm8k" / "test.jsonl"
+GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
 
 
 @pytest.fixture(scope="module")
 def solutions() -> list[str]:
     if not GSM8K_TEST.is_file():
-        pytest.skip(f"{GSM8K_TEST} missing (the shared data folder sits next to the repository)")
+        pytest.skip(f"{GSM8K_TEST} missing (set TANDEM_GRPO_DATA_DIR to a mirror of the math sets)")
     with GSM8K_TEST.open(encoding="utf-8") as handle:
         return [json.loads(line)["answer"] for _, line in zip(range(200), handle, strict=False)]
 
