@@ -37,6 +37,8 @@ from typing import Literal
 
 import torch
 
+from .guards import require_finite_logprobs
+
 SENIOR = 1
 JUNIOR = 0
 GRANULARITIES = ("token", "word", "sentence")
@@ -232,7 +234,12 @@ def mixture_logprobs(
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
+
+    Raises:
+        FloatingPointError: either model's log-probabilities hold NaN (NaN or ``+inf`` logits), naming the model.
     """
+    require_finite_logprobs(senior_logprobs, "senior")
+    require_finite_logprobs(junior_logprobs, "junior")
     o_lp = torch.where((state.owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
     switching = state.owner != state.next_owner
     if not bool(switching.any()):

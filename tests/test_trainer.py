@@ -307,7 +307,16 @@ def test_overridden_trl_internals_have_the_expected_shape():
     scoring = inspect.getsource(GRPOTrainer._generate_and_score_completions)
     assert "loss_mask = completion_mask if tool_mask is None else completion_mask * tool_mask" in scoring
     assert 'output["tool_mask"] = tool_mask' in scoring
-    assert 'completion_mask * inputs["tool_mask"]' in inspect.getsource(GRPOTrainer._compute_loss)
+    loss_source = inspect.getsource(GRPOTrainer._compute_loss)
+    assert 'completion_mask * inputs["tool_mask"]' in loss_source
+    # The neutral values of masked positions are written into the inputs TRL reads after its forward pass.
+    assert loss_source.index("self._get_per_token_logps_and_entropies(") < loss_source.index(
+        'inputs.get("old_per_token_logps")'
+    )
+    for key in ('inputs["ref_per_token_logps"]', 'inputs["importance_sampling_ratio"]'):
+        assert key in loss_source
+    params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
+    assert params[:5] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"]
 
 
 @pytest.mark.integration
@@ -356,3 +365,22 @@ def test_peft_senior_pairs_with_its_own_base_weights(tmp_path, tiny_model_dirs):
     inputs = _rollout(trainer)
     written = inputs["completion_mask"].bool()
     assert (inputs["tool_mask"][written] == 0).any() and (inputs["tool_mask"][written] == 1).any()
+
+
+def test_model_card_names_the_hub_base_model_and_cites_the_tandem_paper(tmp_path, tiny_model_dirs, monkeypatch):
+    # A hub id that this machine serves from a local copy (as tandem_grpo.models does for SmolLM2 offline).
+    monkeypatch.setattr("tandem_grpo.trainer.resolve_model_path", lambda name: tiny_model_dirs[0])
+    trainer = TandemGRPOTrainer(
+        model="someorg/tiny-llama",
+        reward_funcs=length_reward,
+        args=_config(tmp_path),
+        train_dataset=_dataset(),
+        processing_class=build_tiny_tokenizer(),
+    )
+    trainer.create_model_card(model_name="tiny-tandem")
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "fine-tuned version of [someorg/tiny-llama](https://huggingface.co/someorg/tiny-llama)" in card
+    assert "[None]" not in card
+    assert "Tandem GRPO" in card and "2606.28166" in card and "2402.03300" in card
+    assert "tandem-grpo" in card  # tag
+    assert trainer.model.config._name_or_path == tiny_model_dirs[0], "the card must not rename the model itself"
