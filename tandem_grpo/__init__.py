@@ -5,5 +5,5 @@ from .handoff import HandoffRule
 from .sampling import SamplingSettings
 from .trainer import TandemGRPOTrainer
 
-__version__ = "0.1.1"
+__version__ = "0.2.0.dev0"
 __all__ = ["HandoffRule", "SamplingSettings", "TandemGRPOConfig", "TandemGRPOTrainer", "__version__"]

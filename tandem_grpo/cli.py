@@ -2,8 +2,31 @@
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import sys
+from collections.abc import Iterator
+
+STARTUP_ERRORS: tuple[type[BaseException], ...] = (ValueError, TypeError, OSError, ImportError)
+"""What bad settings raise before any long work starts (OSError covers FileNotFoundError and ConnectionError)."""
+
+
+@contextlib.contextmanager
+def usage_errors(prog: str) -> Iterator[None]:
+    """Turn a bad setting raised inside the block into one ``<prog>: error: ...`` line on stderr and exit status 2,
+    as argparse does for a bad flag, instead of a traceback. Use it around parsing, data loading and model set-up,
+    not around training: a fault in the middle of a run keeps its traceback.
+
+    Raises:
+        SystemExit: with code 2, after printing the message, for any of :data:`STARTUP_ERRORS`.
+    """
+    try:
+        yield
+    except STARTUP_ERRORS as err:
+        message = " ".join(str(err).split()) or type(err).__name__
+        print(f"{prog}: error: {message}", file=sys.stderr)
+        raise SystemExit(2) from err
+
 
 COMMANDS = {
     "evaluate": ("tandem_grpo.evaluation.cli", "Measure solo pass@k, handoff robustness, drift and legibility."),

@@ -12,30 +12,32 @@ from .handoff import HandoffRule, validate_rule_fields
 
 @dataclass
 class TandemGRPOConfig(GRPOConfig):
-    r"""
-    Configuration for [`TandemGRPOTrainer`]: every field of `trl.GRPOConfig`, plus the ones below.
+    """TRL's ``GRPOConfig`` plus the tandem fields of paper section 3 and its ablations.
 
-    Parameters:
-        handoff_granularity (`str`, *optional*, defaults to `"word"`):
-            What a unit is: `"token"`, `"word"` (paper default) or `"sentence"`. A unit is written by one model.
-        junior_probability (`float`, *optional*, defaults to `0.5`):
-            Chance in [0, 1] that a new unit is written by the junior (paper: 0.5). `0` gives plain GRPO rollouts.
-        max_gap_tokens (`int`, *optional*, defaults to `32`):
-            A unit that has lasted this many tokens forces a handoff decision (paper: 32).
-        junior_model_name_or_path (`str` or `None`, *optional*, defaults to `None`):
-            The frozen junior. `None` is self-pairing: a frozen copy of the senior's initial weights.
-        junior_token_loss_weight (`float`, *optional*, defaults to `0.0`):
-            Loss weight of junior-written tokens; senior tokens weigh 1 (the authorship mask).
-        kl_to_junior (`bool`, *optional*, defaults to `False`):
-            The paper's ablation: senior-only rollouts plus TRL's per-token KL term toward the junior, with
-            coefficient `beta` (which must then be > 0).
-        tandem_eval_rollouts (`bool`, *optional*, defaults to `False`):
-            Co-generate the rollouts of `evaluate()` too. By default evaluation rollouts are the senior's alone, so
-            `eval_reward` keeps TRL's meaning (the model's own score). Evaluation never draws from the training
-            coin stream.
+    Configuration for [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer]: every field of
+    ``trl.GRPOConfig``, plus the ones below.
 
-    Differences from `GRPOConfig`: `bf16` left unset resolves to `False` when no CUDA device supports bf16, so the
-    same command runs on a CPU machine (TRL would default to `True` and transformers would refuse it there).
+    Differences from ``GRPOConfig``: ``bf16`` left unset resolves to ``False`` when no CUDA device supports bf16, so
+    the same command runs on a CPU machine (TRL would default to ``True`` and transformers would refuse it there).
+
+    Attributes:
+        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or ``"sentence"``.
+            A unit is written by one model.
+        junior_probability (float): chance in [0, 1] that a new unit is written by the junior (default 0.5; paper:
+            0.5). ``0`` gives plain GRPO rollouts.
+        max_gap_tokens (int): a unit that has lasted this many tokens (>= 1) forces a handoff decision (default 32;
+            paper: 32).
+        junior_model_name_or_path (str | None): the frozen junior: a hub id or local path of any causal LM with the
+            senior's tokenizer vocabulary. ``None`` (default) is self-pairing: a frozen copy of the senior's
+            initial weights.
+        junior_token_loss_weight (float): loss weight (>= 0) of junior-written tokens; senior tokens weigh 1 (the
+            authorship mask). Default 0.0.
+        kl_to_junior (bool): the paper's ablation: senior-only rollouts plus TRL's per-token KL term toward the
+            junior, with coefficient ``beta`` (which must then be > 0, and ``sync_ref_model`` must be off).
+            Default ``False``.
+        tandem_eval_rollouts (bool): co-generate the rollouts of ``evaluate()`` too. By default (``False``)
+            evaluation rollouts are the senior's alone, so ``eval_reward`` keeps TRL's meaning (the model's own
+            score). Evaluation never draws from the training coin stream.
 
     Raises:
         ValueError: a field outside its range, naming the field, the value and the allowed range.
@@ -113,7 +115,8 @@ class TandemGRPOConfig(GRPOConfig):
         filled-in ``steps_per_generation`` alone, which yields the same ``generation_batch_size``.
 
         Args:
-            config: a ``trl.GRPOConfig``. tandem_fields: any fields to set or override (e.g. ``junior_probability``).
+            config: a ``trl.GRPOConfig``.
+            **tandem_fields: any fields to set or override (e.g. ``junior_probability``).
 
         Raises:
             TypeError: ``config`` is not a GRPOConfig, or a keyword is not a field of TandemGRPOConfig.
@@ -128,5 +131,5 @@ class TandemGRPOConfig(GRPOConfig):
 
     @property
     def handoff_rule(self) -> HandoffRule:
-        """The rule these fields describe, for :func:`tandem_grpo.generation.tandem_generate`."""
+        """The rule these fields describe, for [`tandem_generate`][tandem_grpo.generation.tandem_generate]."""
         return HandoffRule.from_config(self)

@@ -1,11 +1,11 @@
 """Math datasets as TRL-ready conversational prompts with a gold answer column.
 
-Every loader here returns a :class:`datasets.Dataset` with exactly two columns:
+Every loader here returns a ``datasets.Dataset`` with exactly two columns:
 
 * ``prompt``: a conversation ``[{"role": "user", "content": question + INSTRUCTION}]``, the format
   that TRL's ``GRPOTrainer`` renders with the tokenizer's chat template;
 * ``answer``: the gold answer as a string (``"72"``, ``"27"``, ``"\\frac{\\pi}{2}"``). TRL passes
-  it to the reward functions as the ``answer`` keyword (see :mod:`tandem_grpo.rewards`).
+  it to the reward functions as the ``answer`` keyword (see [`tandem_grpo.rewards`][tandem_grpo.rewards]).
 
 Supported row formats (detected from the fields of each row):
 
@@ -271,7 +271,7 @@ class HubDataset:
 
     Attributes:
         repo_id: the hub dataset id, e.g. ``"openai/gsm8k"``.
-        config: the dataset config (``name`` argument of :func:`datasets.load_dataset`), or None.
+        config: the dataset config (``name`` argument of ``datasets.load_dataset``), or None.
         splits: the splits the set has, as named on the hub.
     """
 
@@ -288,7 +288,8 @@ DATASETS: dict[str, HubDataset] = {
     "amc23": HubDataset("math-ai/amc23"),
     "multiarith": HubDataset("ChilleD/MultiArith", None, ("train", "test")),
 }
-"""Short names accepted by :func:`load_math_dataset` and ``tandem-grpo evaluate --dataset``, with their hub sets."""
+"""Short names accepted by [`load_math_dataset`][tandem_grpo.data.load_math_dataset] and
+``tandem-grpo evaluate --dataset``, with their hub sets."""
 
 DATA_DIR_ENV = "TANDEM_GRPO_DATA_DIR"
 """Environment variable naming an offline mirror: a folder holding ``<short name>/<split>.jsonl`` files."""
@@ -498,17 +499,17 @@ def load_math_dataset(
     1. an existing ``.jsonl`` / ``.json`` file, read with ``datasets.load_dataset("json", ...)`` (a ``.json``
        file may hold a list of rows, JSON Lines, or an object mapping ``split`` or ``"data"`` to a list);
     2. an existing folder containing ``<split>.jsonl`` (or ``<split>.json``);
-    3. a short name from :data:`DATASETS` (``gsm8k``, ``math500``, ``minerva_math``, ``aime24``, ``amc23``,
-       ``multiarith``): read from the offline mirror ``<data_dir>/<name>/<split>.jsonl`` when ``data_dir`` (or the
-       environment variable ``TANDEM_GRPO_DATA_DIR``) names a folder that holds ``<name>/``, else from its hub
-       dataset (``gsm8k`` is ``openai/gsm8k`` config ``main``) with :func:`datasets.load_dataset`, cached as
-       ``datasets`` caches. Only ``gsm8k`` and ``multiarith`` have a ``train`` split: the others need
+    3. a short name from [`DATASETS`][tandem_grpo.data.DATASETS] (``gsm8k``, ``math500``, ``minerva_math``,
+       ``aime24``, ``amc23``, ``multiarith``): read from the offline mirror ``<data_dir>/<name>/<split>.jsonl`` when
+       ``data_dir`` (or the environment variable ``TANDEM_GRPO_DATA_DIR``) names a folder that holds ``<name>/``,
+       else from its hub dataset (``gsm8k`` is ``openai/gsm8k`` config ``main``) with ``datasets.load_dataset``,
+       cached as ``datasets`` caches. Only ``gsm8k`` and ``multiarith`` have a ``train`` split: the others need
        ``split="test"``. No path is ever guessed: without a mirror setting, short names come from the hub;
     4. otherwise a Hugging Face Hub dataset id (``openai/gsm8k``; ``id:config`` selects a config,
        ``openai/gsm8k`` defaults to ``main``).
 
-    All selected rows are converted and validated (see :func:`to_example`) before the dataset is built, so a bad
-    row fails here rather than in the middle of training. Extra columns are dropped.
+    All selected rows are converted and validated (see [`to_example`][tandem_grpo.data.to_example]) before the
+    dataset is built, so a bad row fails here rather than in the middle of training. Extra columns are dropped.
 
     Args:
         source: file, folder, short name or hub id (see above).
@@ -517,7 +518,7 @@ def load_math_dataset(
         data_dir: offline mirror folder for short names (default: ``$TANDEM_GRPO_DATA_DIR``, else none).
 
     Returns:
-        A :class:`datasets.Dataset` with exactly the columns ``prompt`` (list of one user message) and
+        A ``datasets.Dataset`` with exactly the columns ``prompt`` (list of one user message) and
         ``answer`` (gold answer string).
 
     Raises:
@@ -614,7 +615,8 @@ def arithmetic_word_problems(num_problems: int = 1000, seed: int = 0) -> dataset
         seed: random seed; the same seed always gives the same problems, in the same order.
 
     Returns:
-        A :class:`datasets.Dataset` with columns ``prompt`` and ``answer`` (as :func:`load_math_dataset`).
+        A ``datasets.Dataset`` with columns ``prompt`` and ``answer`` (as
+        [`load_math_dataset`][tandem_grpo.data.load_math_dataset]).
 
     Raises:
         ValueError: if ``num_problems`` < 1.

@@ -1,8 +1,8 @@
 """Tandem co-generation on the transformers path: one batched decode loop, one KV cache per model.
 
 Every decode step runs exactly one forward pass of the senior and one of the junior over the whole batch, then
-draws each sequence's next token from the tandem mixture of :mod:`tandem_grpo.handoff` (the one implementation of
-the handoff rule). There is no Python loop over sequences inside the loop.
+draws each sequence's next token from the tandem mixture of [`tandem_grpo.handoff`][tandem_grpo.handoff] (the one
+implementation of the handoff rule). There is no Python loop over sequences inside the loop.
 """
 
 from __future__ import annotations
@@ -42,17 +42,21 @@ def next_token_logprobs(
     sampling: SamplingSettings,
     history: torch.Tensor,
 ) -> torch.Tensor:
-    """The distribution :func:`tandem_generate` draws the next token from, for one position of every sequence.
+    """The distribution ``tandem_generate`` draws the next token from, for one position of every sequence.
 
-    Both models' logits are cut to the ``V`` ids of ``tables``; the repetition penalty (over ``history``) and the
-    temperature act on each model; the two are mixed (:func:`~tandem_grpo.handoff.mixture_logprobs`) and the mixture
-    is truncated (:func:`~tandem_grpo.sampling.truncate_logprobs`).
+    Used by [`tandem_generate`][tandem_grpo.generation.tandem_generate] at every decode step. Both models' logits
+    are cut to the ``V`` ids of ``tables``; the repetition penalty (over ``history``) and the temperature act on each
+    model; the two are mixed ([`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]) and the mixture is
+    truncated ([`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs]).
 
     Args:
-        senior_logits, junior_logits: float ``[B, V_s]`` and ``[B, V_j]``, both ``>= V`` wide.
-        state: the rule state before this position. tables, rule: the boundary tables and the handoff rule.
-        sampling: the sampling settings. history: long ``[B, L]``, prompt and completion so far (only the
-            repetition penalty reads it).
+        senior_logits: float ``[B, V_s]``, the senior's logits, ``V_s >= V``.
+        junior_logits: float ``[B, V_j]``, the junior's logits, ``V_j >= V``.
+        state: the rule state before this position.
+        tables: the boundary tables; their ``vocab_size`` is ``V``.
+        rule: the handoff rule.
+        sampling: the sampling settings.
+        history: long ``[B, L]``, prompt and completion so far (only the repetition penalty reads it).
 
     Returns:
         float ``[B, V]``: normalized log-probabilities, ``-inf`` where the token cannot be drawn.
@@ -66,7 +70,8 @@ def next_token_logprobs(
 
 @dataclass
 class TandemGeneration:
-    """Output of :func:`tandem_generate`; every tensor is ``[B, T]`` with ``T <= max_new_tokens``.
+    """Output of [`tandem_generate`][tandem_grpo.generation.tandem_generate]; every tensor is ``[B, T]`` with
+    ``T <= max_new_tokens``.
 
     Attributes:
         completion_ids: long, right-padded with the pad id after each sequence's EOS.
@@ -118,24 +123,34 @@ def tandem_generate(
     generator: torch.Generator | None = None,
     junior_context: Callable[[], contextlib.AbstractContextManager] | None = None,
 ) -> TandemGeneration:
-    """Co-generate completions with a senior and a junior (paper section 3; the rule is in :mod:`.handoff`).
+    """Co-generate completions with a senior and a junior (paper section 3).
+
+    The handoff rule is the one of [`tandem_grpo.handoff`][tandem_grpo.handoff]. When ``tables`` is omitted it is
+    built with [`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer].
 
     Args:
-        senior, junior: causal LMs sharing one tokenizer; both are only read. Their logits widths may differ
-            (checkpoints pad their embeddings differently): both are cut to the ``V`` ids of ``tables`` before
-            mixing, so ids past the tokenizer are never drawn.
-        input_ids, attention_mask: long ``[B, P]`` left-padded prompts, on the models' device.
-        rule: the handoff rule. tables: boundary tables (:meth:`BoundaryTables.from_tokenizer`); built from
-            ``tokenizer`` for ``min(len(tokenizer), V_s, V_j)`` ids when omitted.
+        senior: causal LM sharing one tokenizer with ``junior``; only read. Its logits width ``V_s`` may differ from
+            the junior's (checkpoints pad their embeddings differently): both are cut to the ``V`` ids of ``tables``
+            before mixing, so ids past the tokenizer are never drawn.
+        junior: causal LM sharing one tokenizer with ``senior``; only read. Its logits width ``V_j`` may differ
+            from the senior's (cut to the same ``V`` ids).
+        input_ids: long ``[B, P]`` left-padded prompts, on the models' device.
+        attention_mask: long ``[B, P]``, the mask of ``input_ids``.
+        rule: the handoff rule.
+        tables: boundary tables (``BoundaryTables.from_tokenizer``); built from ``tokenizer`` for
+            ``min(len(tokenizer), V_s, V_j)`` ids when omitted.
+        tokenizer: the shared tokenizer; needed when ``tables``, ``eos_token_ids`` or ``pad_token_id`` is omitted.
         sampling: per-model and mixture sampling settings (default: plain sampling at temperature 1).
         max_new_tokens: completion length cap, in tokens.
-        eos_token_ids, pad_token_id: default to the tokenizer's.
-        seeds: long ``[B]`` coin-stream seeds (default ``0..B-1``); ``generator`` drives the token draws.
+        eos_token_ids: default: the tokenizer's EOS id.
+        pad_token_id: default: the tokenizer's pad id.
+        seeds: long ``[B]`` coin-stream seeds (default ``0..B-1``).
+        generator: drives the token draws.
         junior_context: entered around every junior forward (a PEFT senior with its adapter disabled can serve
             as its own junior: pass the senior as ``junior`` and ``senior.disable_adapter`` here).
 
     Returns:
-        :class:`TandemGeneration` with ``[B, T]`` tensors.
+        [`TandemGeneration`][tandem_grpo.generation.TandemGeneration] with ``[B, T]`` tensors.
 
     Raises:
         ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor

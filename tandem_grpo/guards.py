@@ -75,7 +75,8 @@ def _short(value: Any) -> str:
 
 def checked_reward_func(func: Callable) -> Callable:
     """Wrap a reward function (sync or async, TRL's calling convention) so that its output is validated by
-    :func:`check_reward_output` and an exception it raises names it. TRL's name for it is kept.
+    [`check_reward_output`][tandem_grpo.guards.check_reward_output] and an exception it raises names it. TRL's name
+    for it is kept.
 
     Reward models (``nn.Module``) and model ids (``str``) are returned unchanged.
     """

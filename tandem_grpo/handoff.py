@@ -2,9 +2,9 @@
 
 Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 3 (tandem rollouts).
 
-Each sequence carries a :class:`HandoffState`: the current owner ``o`` (who writes the running unit), a pre-drawn
-owner ``n`` for the next unit, the running unit's length, and a per-sequence coin stream. At each position the set
-``B`` of tokens that would *start a new unit* is
+Each sequence carries a [`HandoffState`][tandem_grpo.handoff.HandoffState]: the current owner ``o`` (who writes the
+running unit), a pre-drawn owner ``n`` for the next unit, the running unit's length, and a per-sequence coin stream.
+At each position the set ``B`` of tokens that would *start a new unit* is
 
 - ``"word"``: tokens whose text starts with whitespace (this includes newlines), and EOS;
 - ``"sentence"``: every token when the previous token ended with ``.``, ``!``, ``?`` or a newline; otherwise EOS;
@@ -21,13 +21,15 @@ the mixture
     P(x) = p_o(B) * p_n(x) / p_n(B)     for x in B        (P = p_o when n == o)
 
 and the author of ``x`` is then a function of ``x``: ``n`` when ``x`` is in ``B``, else ``o``. That is why
-:func:`mixture_logprobs` returns log P for a sampler to draw from (a vLLM logits processor can hand it to vLLM's
-sampler unchanged), and :func:`advance` recovers authorship from the sampled tokens alone. With a junior that
-equals the senior, ``P = p`` exactly: self-paired tandem rollouts are distributed like solo rollouts.
+[`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs] returns log P for a sampler to draw from (a vLLM logits
+processor can hand it to vLLM's sampler unchanged), and [`advance`][tandem_grpo.handoff.advance] recovers authorship
+from the sampled tokens alone. With a junior that equals the senior, ``P = p`` exactly: self-paired tandem rollouts
+are distributed like solo rollouts.
 
 Coins are counter-based: the owner of unit ``k`` of a sequence with seed ``s`` is a hash of ``(s, k)``
-(:func:`draw_owners`), so authorship can be rebuilt from the seed and the tokens (:func:`replay_authorship`) and
-does not depend on batch composition or on which backend generated the text.
+([`draw_owners`][tandem_grpo.handoff.draw_owners]), so authorship can be rebuilt from the seed and the tokens
+([`replay_authorship`][tandem_grpo.handoff.replay_authorship]) and does not depend on batch composition or on which
+backend generated the text.
 """
 
 from __future__ import annotations
@@ -180,7 +182,9 @@ def draw_owners(seeds: torch.Tensor, unit_index: torch.Tensor, junior_probabilit
     ``u < junior_probability``. Deterministic per (seed, unit), independent across units and seeds.
 
     Args:
-        seeds: long ``[B]``. unit_index: long ``[B]``.
+        seeds: long ``[B]``, the coin-stream seed of each sequence.
+        unit_index: long ``[B]``, the unit to draw an owner for.
+        junior_probability: chance in [0, 1] that the unit is the junior's.
 
     Returns:
         long ``[B]`` of ``SENIOR``/``JUNIOR``.
@@ -226,11 +230,15 @@ def mixture_logprobs(
 ) -> torch.Tensor:
     """Log-probabilities of the tandem mixture ``P`` (module docstring) for the current position.
 
+    Truncation (top-k/top-p/min-p) is applied to the mixture afterwards, not to the inputs, so that ``n`` always has
+    mass on ``B``. ``boundary`` is the set ``B`` that [`boundary_mask`][tandem_grpo.handoff.boundary_mask] returns.
+
     Args:
-        senior_logprobs, junior_logprobs: float ``[B, V]``, normalized log-probabilities of each model after the
-            per-model sampling transforms (temperature, repetition penalty). Truncation (top-k/top-p/min-p) is
-            applied to the mixture afterwards, so that ``n`` always has mass on ``B``.
-        state: the rule state before this position. boundary: bool ``[B, V]`` from :func:`boundary_mask`.
+        senior_logprobs: float ``[B, V]``, normalized log-probabilities of the senior after the per-model sampling
+            transforms (temperature, repetition penalty).
+        junior_logprobs: float ``[B, V]``, normalized log-probabilities of the junior after the same transforms.
+        state: the rule state before this position.
+        boundary: bool ``[B, V]`` from ``boundary_mask``.
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
@@ -292,6 +300,8 @@ def replay_authorship(
     Args:
         completion_ids: long ``[B, T]``; positions after a sequence's end may hold anything (mask them yourself).
         seeds: long ``[B]``, the seeds the completions were generated with.
+        tables: the boundary tables of the tokenizer the completions were generated with.
+        rule: the handoff rule they were generated with.
 
     Returns:
         ``(authorship, unit_starts)``: long ``[B, T]`` (1 senior, 0 junior) and bool ``[B, T]``.

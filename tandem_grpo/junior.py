@@ -23,12 +23,16 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
 
     The logits widths (config ``vocab_size``) may differ: checkpoints of one family pad their embeddings to
     different sizes (Qwen2.5 0.5B has 151936 rows, 7B 152064, for 151665 tokens). Every backend cuts both models'
-    logits to the tokenizer's length before mixing (:meth:`tandem_grpo.handoff.BoundaryTables.from_tokenizer`), so
-    the padding rows are never sampled. The one check of every entry point (trainer, vLLM engine and server,
+    logits to the tokenizer's length before mixing
+    ([`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer]), so the padding rows are
+    never sampled. The one check of every entry point (trainer, vLLM engine and server,
     evaluation).
 
     Args:
-        senior_tokenizer, junior_tokenizer: the two tokenizers. senior_width, junior_width: logits widths.
+        senior_tokenizer: the senior's tokenizer.
+        junior_tokenizer: the junior's tokenizer.
+        senior_width: the senior's logits width (config ``vocab_size``).
+        junior_width: the junior's logits width (config ``vocab_size``).
 
     Raises:
         ValueError: the tokenizers map ids to different tokens (naming how many, the first five ids with both
@@ -62,7 +66,7 @@ def check_junior_vocabulary(
     """Check a junior by its tokenizer and config alone (cheap: no weights loaded); return its resolved path.
 
     Raises:
-        ValueError: see :func:`check_same_vocabulary`.
+        ValueError: see [`check_same_vocabulary`][tandem_grpo.junior.check_same_vocabulary].
         OSError: the junior cannot be found.
     """
     path = resolve_model_path(junior_name_or_path)
@@ -136,8 +140,9 @@ def _tied_names(model) -> set[str]:
     return tied
 
 
-#: Token ids of the probe sequence that :func:`same_function` feeds both models (any ids below the vocab work).
 PROBE_LENGTH = 12
+"""Number of token ids in the probe sequence [`probe_logits`][tandem_grpo.junior.probe_logits] feeds a model, whose
+results [`same_function`][tandem_grpo.junior.same_function] compares (any ids below the vocab work)."""
 
 
 @torch.no_grad()

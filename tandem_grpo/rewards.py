@@ -1,53 +1,83 @@
 """Verifiable math rewards in TRL's reward-function format.
 
-TRL's ``GRPOTrainer`` calls each reward function as ``f(prompts=..., completions=..., **columns)`` where
-``columns`` are the other dataset columns (here ``answer``, see :mod:`tandem_grpo.data`), and expects one
-float per completion. Completions are plain strings for standard datasets and lists of messages such as
-``[{"role": "assistant", "content": "..."}]`` for conversational ones; both are handled.
+TRL's ``GRPOTrainer`` calls each reward function as ``f(prompts=..., completions=..., completion_ids=...,
+**columns)`` where ``columns`` are the other dataset columns (here ``answer``, see :mod:`tandem_grpo.data`) plus
+``trainer_state``, ``log_extra`` and ``log_metric``, and expects one float per completion. Completions are plain
+strings for standard datasets and lists of messages such as ``[{"role": "assistant", "content": "..."}]`` for
+conversational ones; both are handled.
 
-Answers are compared with math-verify. Its timeouts use ``signal.alarm``, which only works in the main
-thread (elsewhere math-verify raises even with ``raise_on_error=False``), so off the main thread they are
-disabled; a cheap guard rejects answers whose evaluation could hang (numeric power towers, huge exponents
-or factorials). :func:`is_correct` never raises.
+Answers are compared with math-verify in a long-lived worker process (a fresh interpreter that imports only
+math-verify), one completion at a time, each under a time limit (:data:`VERIFY_TIMEOUT_S`, default 5 s). An
+answer whose check runs past it (``\\boxed{(9999!)^{9999}}``) scores 0, is counted (:func:`pop_verify_timeouts`)
+and, when the worker does not give up on its own, the worker is killed and restarted. This holds in any thread
+and any process: math-verify's own timeouts rely on ``signal.alarm``, which only works in the main thread.
 """
 
 from __future__ import annotations
 
+import atexit
+import inspect
 import logging
+import math
+import os
 import re
+import subprocess
+import sys
+import textwrap
 import threading
 from collections.abc import Sequence
+from multiprocessing.connection import Connection
 from typing import Any
-
-from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
-from math_verify.errors import TimeoutException
 
 from tandem_grpo.data import last_boxed
 
-__all__ = ["accuracy_reward", "completion_text", "extract_answer", "format_reward", "is_correct"]
+__all__ = [
+    "VERIFY_TIMEOUT_S",
+    "accuracy_reward",
+    "completion_text",
+    "extract_answer",
+    "format_reward",
+    "is_correct",
+    "pop_verify_timeouts",
+]
 
 logger = logging.getLogger(__name__)
 
-PARSE_TIMEOUT_S = 5
-"""math-verify parsing timeout (seconds, main thread only)."""
-VERIFY_TIMEOUT_S = 5
-"""math-verify comparison timeout (seconds, main thread only)."""
+VERIFY_TIMEOUT_S: float = 5.0
+"""Default time limit (seconds) for math-verify to parse and compare one completion's answer with its gold.
+Overridden by the environment variable ``TANDEM_GRPO_VERIFY_TIMEOUT`` (seconds) and, above both, by the
+``verify_timeout`` argument of :func:`accuracy_reward` and :func:`is_correct`."""
 
-# Module-level (hashable, frozen) configs so that math-verify's cached regex compilation is reused.
-_EXTRACTION_CONFIG = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+TIMEOUT_ENV_VAR = "TANDEM_GRPO_VERIFY_TIMEOUT"
+
+# The worker stops a check itself after the time limit (SIGALRM in its main thread); the parent kills it only if
+# it has not answered this much later (stuck in C code that never returns to the interpreter).
+_KILL_GRACE_S = 1.0
+# Starting the worker means starting Python and importing sympy: seconds on a busy machine, never minutes.
+_START_TIMEOUT_S = 120.0
+
+_MAX_ANSWER_CHARS = 1000
 
 # A number: optional sign (not after a word character or closing bracket, so "5-3" gives "3"), digits with
 # optional thousands commas, optional decimals, optional "/denominator".
 _NUMBER_RE = re.compile(r"(?:(?<![\w)\]}])-)?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?(?:\s*/\s*\d+(?:\.\d+)?)?")
 # Plain scientific notation, which math-verify would read as 4.5 * e * 33 (e = Euler's number).
 _SCIENTIFIC_RE = re.compile(r"(-?\d+(?:\.\d+)?)[eE]([-+]?\d+)")
-# Answers whose evaluation can take unbounded time (best effort): numeric power towers, huge exponents or factorials.
-_UNSAFE_RE = re.compile(
-    r"(?:\^|\*\*)[\s{(]*[-+]?\d+(?:\.\d+)?[\s}]*(?:\^|\*\*|!)"  # 10^{10^{10}}, 9^9^9, 9**(9**9), 10^{10}^{10}, 2^{10!}
-    r"|(?:\*\*|\^)[\s{(]*\d{6,}"  # 10^{1000000}
-    r"|\d{5,}\s*!"  # 100000!
+
+# Unit words after a number ("18 dollars", "18\ \text{square feet}."): math-verify drops the units it knows
+# (apples, hours) and reads the others as products of variables (18*d*o*l*l*a*r*s), so they are cut off first.
+# A word has 2+ letters (a single letter may be a variable: "18 x") and a bare word needs a space before it
+# ("2pi" stays).
+_TEXT_COMMAND = r"\\(?:text|textrm|textnormal|textit|textbf|mathrm|mbox)\s*"
+_UNIT_TAIL_RE = re.compile(
+    rf"(?:(?:\s|~|\\[ ,;:!])*{_TEXT_COMMAND}\{{[\sA-Za-z.]*\}}|(?:\s|~|\\[ ,;:!])+[A-Za-z]{{2,}}\.?)+\s*\.?\s*$"
 )
-_MAX_ANSWER_CHARS = 1000
+_WRAPPED_RE = re.compile(rf"{_TEXT_COMMAND}\{{([^{{}}]*)\}}")
+# Words that change the value or hedge it ("18 or more", "2 million", "18 percent", which math-verify reads as
+# 0.18): with one of these the answer is left to math-verify as written.
+_VALUE_WORDS = frozenset(
+    {"or", "and", "not", "pi", "percent", "hundred", "thousand", "million", "billion", "trillion", "dozen"}
+)
 
 
 def completion_text(completion: Any) -> str:
@@ -89,73 +119,288 @@ def extract_answer(text: str) -> str | None:
     return re.sub(r"\s+", "", numbers[-1]).replace(",", "")
 
 
-def _in_main_thread() -> bool:
-    return threading.current_thread() is threading.main_thread()
+def _strip_units(answer: str) -> str:
+    """``answer`` without trailing unit words when what precedes them is a number (letters only in LaTeX
+    commands: ``18``, ``\\$1,234.50``, ``\\frac{3}{4}``, ``2\\pi``); otherwise ``answer`` unchanged."""
+    wrapped = _WRAPPED_RE.fullmatch(answer)
+    text = wrapped.group(1).strip() if wrapped else answer  # \text{18 dollars}
+    tail = _UNIT_TAIL_RE.search(text)
+    if not tail or tail.start() == 0:
+        return answer
+    head = text[: tail.start()].strip()
+    words = {word.lower() for word in re.findall(r"[A-Za-z]+", _WRAPPED_RE.sub(r" \1 ", tail.group(0)))}
+    bare_head = re.sub(r"\\[A-Za-z]+", "", head)
+    if words & _VALUE_WORDS or not re.search(r"\d", bare_head) or re.search(r"[A-Za-z]", bare_head):
+        return answer
+    return head
 
 
 def _normalize(answer: str) -> str:
-    answer = answer.strip()
+    answer = _strip_units(answer.strip())
     match = _SCIENTIFIC_RE.fullmatch(answer)
     if match:
         return f"{match.group(1)} \\times 10^{{{int(match.group(2))}}}"
     return answer
 
 
-def _parse(text: str, parsing_timeout: int | None) -> list:
-    return parse(
-        f"\\boxed{{{text}}}",
-        extraction_config=_EXTRACTION_CONFIG,
-        parsing_timeout=parsing_timeout,
-        raise_on_error=False,
-    )
+# --------------------------------------------------------------------------------------------------
+# The verification worker
+# --------------------------------------------------------------------------------------------------
 
 
-def is_correct(completion: str, gold: str) -> bool:
+def _worker_main() -> None:
+    """Body of the verification worker process. It runs as ``python -c`` with this function's source, so it
+    must be self-contained and import only the standard library and math-verify: importing this package would
+    load torch, and multiprocessing's spawn/forkserver would re-run the user's training script as ``__mp_main__``.
+
+    Protocol, over the two pipe file descriptors given as arguments: it sends ``"ready"``, then for each request
+    ``(answer, gold, timeout_s, cpu_limit_s)`` sends True/False, or None when the check ran past ``timeout_s``.
+    It exits when the request pipe closes (the parent exited or closed it).
+    """
+    import logging
+    import signal
+    import sys
+    from multiprocessing.connection import Connection
+
+    from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
+
+    class CheckTimeout(BaseException):  # not Exception: sympy and math-verify catch those
+        pass
+
+    armed = False
+
+    def on_alarm(signum, frame):
+        if armed:  # an alarm that lands after the check finished must not abort the next send
+            raise CheckTimeout
+
+    # One alarm bounds the whole check, so math-verify's per-call timeouts are off; silence its warning about it.
+    logging.getLogger("math_verify").setLevel(logging.ERROR)
+    # Ctrl-C reaches the whole process group; the parent decides what happens and its exit closes our pipe.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGALRM, on_alarm)
+    requests = Connection(int(sys.argv[1]), writable=False)
+    results = Connection(int(sys.argv[2]), readable=False)
+    config = (LatexExtractionConfig(boxed_match_priority=0), ExprExtractionConfig())
+
+    def check(answer: str, gold: str) -> bool:
+        gold_parsed = parse(f"\\boxed{{{gold}}}", extraction_config=config, parsing_timeout=None)
+        answer_parsed = parse(f"\\boxed{{{answer}}}", extraction_config=config, parsing_timeout=None)
+        return bool(gold_parsed and answer_parsed and verify(gold_parsed, answer_parsed, timeout_seconds=None))
+
+    results.send("ready")
+    while True:
+        try:
+            answer, gold, timeout_s, cpu_limit_s = requests.recv()
+        except EOFError:
+            return
+        # SIGPROF is left at its default action, termination, which the kernel applies even inside C code that
+        # never returns to the interpreter: if the parent died mid-check (SIGKILL, no atexit), this still ends.
+        signal.setitimer(signal.ITIMER_PROF, cpu_limit_s)
+        try:
+            try:
+                armed = True
+                signal.setitimer(signal.ITIMER_REAL, timeout_s)
+                verdict = check(answer, gold)
+            finally:
+                armed = False
+                signal.setitimer(signal.ITIMER_REAL, 0)
+        except CheckTimeout:
+            verdict = None
+        except Exception:
+            verdict = False
+        signal.setitimer(signal.ITIMER_PROF, 0)
+        try:
+            results.send(verdict)
+        except OSError:  # the parent is gone (or gave up on us): nobody is listening
+            return
+
+
+class _VerifyWorker:
+    """The parent's handle on one worker process, shared by all threads of this process (checks are serialised).
+
+    Started on first use; after a check that does not answer within its time limit plus ``_KILL_GRACE_S`` the
+    worker is killed, and the next check starts a new one. Killed at interpreter exit; a worker whose parent dies
+    without running ``atexit`` sees its request pipe close and exits.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._proc: subprocess.Popen | None = None
+        self._requests: Connection | None = None
+        self._results: Connection | None = None
+        self._code: str | None = None
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def check(self, answer: str, gold: str, timeout_s: float) -> bool | None:
+        """True/False, or None when the check did not finish within ``timeout_s`` (plus the kill grace)."""
+        with self._lock:
+            if self._proc is None or self._proc.poll() is not None:
+                self._stop()
+                self._start()
+            try:
+                self._requests.send((answer, gold, timeout_s, timeout_s + _KILL_GRACE_S))
+                if self._results.poll(timeout_s + _KILL_GRACE_S):
+                    return self._results.recv()
+            except (EOFError, OSError):
+                pass  # it died mid-check: its CPU limit, or the kernel's out-of-memory killer
+            self._stop()
+            return None
+
+    def close(self) -> None:
+        with self._lock:
+            self._stop()
+
+    def _start(self) -> None:
+        if self._code is None:
+            try:
+                self._code = f"{textwrap.dedent(inspect.getsource(_worker_main))}\n_worker_main()\n"
+            except OSError as err:  # installed without its .py sources
+                raise RuntimeError(f"Cannot read the math-verify worker's source code: {err}") from err
+        request_read, request_write = os.pipe()
+        result_read, result_write = os.pipe()
+        try:
+            self._proc = subprocess.Popen(
+                [sys.executable, "-c", self._code, str(request_read), str(result_write)],
+                pass_fds=(request_read, result_write),
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+            )
+        except OSError as err:
+            for fd in (request_read, request_write, result_read, result_write):
+                os.close(fd)
+            raise RuntimeError(f"Could not start the math-verify worker with {sys.executable!r}: {err}") from err
+        # Only the worker may hold these ends, or it would never see its request pipe close.
+        os.close(request_read)
+        os.close(result_write)
+        self._requests = Connection(request_write, readable=False)
+        self._results = Connection(result_read, writable=False)
+        try:
+            ready = self._results.poll(_START_TIMEOUT_S) and self._results.recv() == "ready"
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self._stop()
+            raise RuntimeError(
+                f"The math-verify worker process did not start within {_START_TIMEOUT_S:g} s (see its error "
+                "above); check that `python -c 'import math_verify'` works with this interpreter."
+            )
+
+    def _stop(self) -> None:
+        for connection in (self._requests, self._results):
+            if connection is not None:
+                connection.close()
+        self._requests = self._results = None
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+
+    def _forget_after_fork(self) -> None:
+        # A forked child must not talk to (or kill) its parent's worker; it starts its own when it needs one.
+        self._lock = threading.Lock()
+        for connection in (self._requests, self._results):
+            if connection is not None:
+                connection.close()
+        self._requests = self._results = None
+        self._proc = None
+
+
+_WORKER = _VerifyWorker()
+atexit.register(_WORKER.close)
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_WORKER._forget_after_fork)
+
+_timeouts = 0
+_timeouts_lock = threading.Lock()
+
+
+def pop_verify_timeouts() -> int:
+    """Number of answers whose verification ran past its time limit (and so scored 0) since the previous call,
+    in this process; resets the count. Meant for a trainer's per-step metric ``rewards/verify_timeouts``."""
+    global _timeouts
+    with _timeouts_lock:
+        count, _timeouts = _timeouts, 0
+    return count
+
+
+def _count_timeout() -> None:
+    global _timeouts
+    with _timeouts_lock:
+        _timeouts += 1
+
+
+def _resolve_timeout(verify_timeout: float | None) -> float:
+    source = "verify_timeout"
+    if verify_timeout is None:
+        env = os.environ.get(TIMEOUT_ENV_VAR)
+        if env:
+            source = f"${TIMEOUT_ENV_VAR}"
+            try:
+                verify_timeout = float(env)
+            except ValueError:
+                raise ValueError(f"{source} must be a number of seconds, got {env!r}.") from None
+        else:
+            source, verify_timeout = "tandem_grpo.rewards.VERIFY_TIMEOUT_S", VERIFY_TIMEOUT_S
+    if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)):
+        raise ValueError(f"{source} must be a number of seconds, got {verify_timeout!r}.")
+    if not (verify_timeout > 0 and math.isfinite(verify_timeout)):
+        raise ValueError(f"{source} must be a positive, finite number of seconds, got {verify_timeout!r}.")
+    return float(verify_timeout)
+
+
+def is_correct(completion: Any, gold: Any, *, truncated: bool = False, verify_timeout: float | None = None) -> bool:
     """Whether the final answer of ``completion`` equals ``gold``, mathematically.
 
-    The answer is taken with :func:`extract_answer` (last ``\\boxed{}``, else last number) and compared
-    with ``gold`` (an integer or float string, or LaTeX such as ``\\frac{\\pi}{2}``) by math-verify's
-    ``parse``/``verify``, so ``\\frac{1}{2}`` equals ``0.5`` and ``1,234`` equals ``1234``.
+    The answer is taken with :func:`extract_answer` (last ``\\boxed{}``, else last number; with
+    ``truncated=True`` only a ``\\boxed{}`` counts, see :func:`accuracy_reward`) and compared with ``gold`` (an
+    integer or float string, or LaTeX such as ``\\frac{\\pi}{2}``) by math-verify's ``parse``/``verify``, so
+    ``\\frac{1}{2}`` equals ``0.5`` and ``1,234`` equals ``1234``. Unit words after a number are ignored
+    (``18 dollars``, ``18\\ \\text{square feet}`` equal ``18``), except words that change or hedge the value
+    (``18 or more``, ``2 million``, ``18 percent``), which are left to math-verify as written.
 
-    Never raises: a missing answer, a parse error or a timeout gives False. In the main thread
-    math-verify's signal-based timeouts (``PARSE_TIMEOUT_S``, ``VERIFY_TIMEOUT_S``) apply; in other
-    threads they are disabled, since ``signal.alarm`` only works in the main thread. In every thread a
-    cheap best-effort pre-check counts answers whose evaluation could take unbounded time (numeric power
-    towers such as ``10^{10^{10}}``, exponents of 6+ digits, factorials of 5+ digits) as wrong, unless
-    they are written exactly like the gold; such answers would otherwise stall the main thread for the
-    whole timeout, or hang a worker thread (sympy holds the GIL) for good.
+    Args:
+        completion: the completion text, or a conversational completion (see :func:`completion_text`).
+        gold: the gold answer; None or empty gives False.
+        truncated: the completion was cut off at the length limit, so a last number is not an answer.
+        verify_timeout: time limit in seconds for math-verify on this answer; default ``$TANDEM_GRPO_VERIFY_TIMEOUT``
+            if set, else :data:`VERIFY_TIMEOUT_S` (5). Past it the answer counts as wrong and as one timeout for
+            :func:`pop_verify_timeouts`. The call returns within about this plus 1 s, in any thread (plus about
+            1 s when it starts the worker process, and any wait for other threads' checks, which run one at a
+            time).
+
+    Returns:
+        True or False; a missing answer, a parse error or a timeout gives False.
+
+    Raises:
+        ValueError: ``verify_timeout`` (or the environment variable) is not a positive number of seconds.
+        RuntimeError: the math-verify worker process cannot be started.
     """
+    timeout_s = _resolve_timeout(verify_timeout)
     try:
-        if not isinstance(completion, str):
-            completion = completion_text(completion)
+        text = completion if isinstance(completion, str) else completion_text(completion)
         if gold is None:
             return False
-        answer = extract_answer(completion)
+        answer = last_boxed(text) if truncated else extract_answer(text)
         gold_text = str(gold).strip()
-        if not answer or not gold_text or len(answer) > _MAX_ANSWER_CHARS:
+        if not answer or not gold_text or max(len(answer), len(gold_text)) > _MAX_ANSWER_CHARS:
             return False
         answer, gold_text = _normalize(answer), _normalize(gold_text)
-        if " ".join(answer.split()) == " ".join(gold_text.split()):
-            return True
-        if _UNSAFE_RE.search(answer) or _UNSAFE_RE.search(gold_text):
-            return False
-        main = _in_main_thread()
-        parse_timeout = PARSE_TIMEOUT_S if main else None
-        gold_parsed = _parse(gold_text, parse_timeout)
-        answer_parsed = _parse(answer, parse_timeout)
-        if not gold_parsed or not answer_parsed:
-            return False
-        return bool(
-            verify(
-                gold_parsed,
-                answer_parsed,
-                timeout_seconds=VERIFY_TIMEOUT_S if main else None,
-                raise_on_error=False,
-            )
-        )
-    except (Exception, TimeoutException):  # TimeoutException derives from BaseException
-        logger.debug("is_correct failed for gold %r", gold, exc_info=True)
+    except Exception:
+        logger.debug("is_correct could not read the answer for gold %r", gold, exc_info=True)
         return False
+    if " ".join(answer.split()) == " ".join(gold_text.split()):
+        return True
+    verdict = _WORKER.check(answer, gold_text, timeout_s)
+    if verdict is None:
+        _count_timeout()
+        logger.warning(
+            "math-verify did not finish within %g s on answer %.200r (gold %.200r): scored 0.", timeout_s, answer, gold
+        )
+        return False
+    return verdict
 
 
 def _golds(answer: Any, n: int) -> Sequence[Any]:
@@ -167,19 +412,63 @@ def _golds(answer: Any, n: int) -> Sequence[Any]:
     return answer
 
 
-def accuracy_reward(completions: Sequence[Any], answer: Sequence[str] | str, **kwargs: Any) -> list[float]:
+def _truncated(
+    completion_ids: Sequence[Sequence[int]] | None, max_completion_length: int | None, n: int, kwargs: dict
+) -> list[bool]:
+    if max_completion_length is None:
+        # TRL's GRPOTrainer passes its own bound method as `log_metric`: its owner knows the length limit.
+        trainer = getattr(kwargs.get("log_metric"), "__self__", None)
+        max_completion_length = getattr(trainer, "max_completion_length", None)
+    if completion_ids is None or not isinstance(max_completion_length, int) or max_completion_length <= 0:
+        return [False] * n
+    if len(completion_ids) != n:
+        raise ValueError(f"accuracy_reward got {n} completions but {len(completion_ids)} completion_ids.")
+    return [len(ids) >= max_completion_length for ids in completion_ids]
+
+
+def accuracy_reward(
+    completions: Sequence[Any],
+    answer: Sequence[str] | str,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    max_completion_length: int | None = None,
+    verify_timeout: float | None = None,
+    **kwargs: Any,
+) -> list[float]:
     """1.0 for each completion whose final answer equals its gold answer, else 0.0.
 
     Follows TRL's reward-function signature ``f(completions, **kwargs) -> list[float]``: ``answer`` is the
     dataset's gold-answer column, which TRL passes as a keyword (one gold per completion); other keywords
-    (``prompts``, ``completion_ids``, ...) are ignored. Completions may be strings or conversational
-    message lists. Correctness is :func:`is_correct`.
+    (``prompts``, ``trainer_state``, ...) are ignored. Completions may be strings or conversational message
+    lists. Correctness is :func:`is_correct`: the last ``\\boxed{}``, else the last number in the text.
+
+    Truncated completions: a completion with ``max_completion_length`` tokens (or more) in ``completion_ids`` was
+    cut off by the length limit, so its last number is wherever the cut fell, not an answer: it scores 1 only
+    through a complete ``\\boxed{}`` (the final-number fallback is off for it). TRL passes ``completion_ids``
+    (cut after the first EOS); ``max_completion_length`` defaults to the calling ``GRPOTrainer``'s, found through
+    the bound ``log_metric`` method TRL passes; with either unknown, no completion counts as truncated. TRL's own
+    test, "no EOS at the end", needs the tokenizer's EOS ids, which a reward function is not given: by length, a
+    completion whose EOS is exactly its last allowed token also counts as truncated.
+
+    Time limit: each answer's check is bounded by ``verify_timeout`` seconds (default
+    ``$TANDEM_GRPO_VERIFY_TIMEOUT`` if set, else :data:`VERIFY_TIMEOUT_S` = 5); an answer past it scores 0 and is
+    counted for :func:`pop_verify_timeouts`. A call on ``n`` completions returns within about
+    ``n * (verify_timeout + 1)`` seconds, in any thread (answers written exactly like their gold skip the check).
+    To set the limit (or ``max_completion_length``) for a trainer, pass
+    ``functools.partial(accuracy_reward, verify_timeout=10)``, which TRL still logs as ``accuracy_reward``.
 
     Raises:
-        ValueError: if ``answer`` is a list whose length differs from ``completions``.
+        ValueError: ``answer`` or ``completion_ids`` is a list whose length differs from ``completions``, or the
+            time limit is not a positive number of seconds.
+        RuntimeError: the math-verify worker process cannot be started.
     """
     golds = _golds(answer, len(completions))
-    return [1.0 if is_correct(completion_text(c), g) else 0.0 for c, g in zip(completions, golds, strict=True)]
+    truncated = _truncated(completion_ids, max_completion_length, len(completions), kwargs)
+    timeout_s = _resolve_timeout(verify_timeout)
+    return [
+        1.0 if is_correct(completion_text(c), g, truncated=t, verify_timeout=timeout_s) else 0.0
+        for c, g, t in zip(completions, golds, truncated, strict=True)
+    ]
 
 
 def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:

@@ -1,14 +1,18 @@
 """What every backend must agree on when it samples a tandem completion: the sampling settings, the truncation of
-the mixture, and the EOS ids. The transformers loop (:mod:`tandem_grpo.generation`), the vLLM logits processor
-(:mod:`tandem_grpo.vllm.processor`), the vLLM client and the evaluation suite all take them from here, so two
-backends cannot sample from different distributions or stop at different tokens.
+the mixture, and the EOS ids.
 
-Where each setting acts (paper section 3; the mixture is :func:`tandem_grpo.handoff.mixture_logprobs`):
+The transformers loop ([`tandem_grpo.generation`][tandem_grpo.generation]), the vLLM logits processor
+([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]), the vLLM client and the evaluation suite all take them
+from here, so two backends cannot sample from different distributions or stop at different tokens.
+
+Where each setting acts (paper section 3; the mixture is
+[`tandem_grpo.handoff.mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]):
 
 - ``temperature`` and ``repetition_penalty`` act on each model's logits before mixing (each backend applies them
   the way its own sampler does, so that a self-paired tandem samples exactly like the model alone);
-- ``top_k``, ``top_p`` and ``min_p`` truncate the *mixture*, in that order (:func:`truncate_logprobs`), so the next
-  owner always keeps mass on the handoff set. top-p and min-p do not commute; the order is the one of transformers'
+- ``top_k``, ``top_p`` and ``min_p`` truncate the *mixture*, in that order
+  ([`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs]), so the next owner always keeps mass on the handoff
+  set. top-p and min-p do not commute; the order is the one of transformers'
   ``generate`` (top-k, then top-p, then min-p).
 """
 
@@ -24,6 +28,8 @@ import torch
 class SamplingSettings:
     """Sampling settings with the names, meanings and defaults of TRL's ``GRPOConfig`` fields.
 
+    ``None`` for ``top_k`` or ``min_p`` (TRL's "off" for ``min_p``) is stored as 0.
+
     Attributes:
         temperature: softmax temperature of each model, ``> 0`` (default 1.0; tandem rollouts always sample).
         top_p: nucleus mass in (0, 1] kept of the mixture (default 1.0 = off).
@@ -31,8 +37,6 @@ class SamplingSettings:
         min_p: mixture tokens less likely than ``min_p`` times the most likely one are dropped, in [0, 1]
             (default 0.0 = off).
         repetition_penalty: ``> 0`` (default 1.0 = off), applied to each model's logits.
-
-    ``None`` for ``top_k`` or ``min_p`` (TRL's "off" for ``min_p``) is stored as 0.
 
     Raises:
         ValueError: a value outside its range; the message starts with ``field=value``.
@@ -77,7 +81,8 @@ class SamplingSettings:
         )
 
     def truncate(self, logprobs: torch.Tensor) -> torch.Tensor:
-        """:func:`truncate_logprobs` with these settings (``[B, V]`` in, normalized ``[B, V]`` out)."""
+        """[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] with these settings (``[B, V]`` in,
+        normalized ``[B, V]`` out)."""
         return truncate_logprobs(logprobs, self.top_k, self.top_p, self.min_p)
 
     def to_dict(self) -> dict:
@@ -145,7 +150,8 @@ def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
     (and treat EOS as a unit boundary) at the same ids.
 
     Args:
-        tokenizer: has ``eos_token_id`` (may be ``None``). generation_config: a ``GenerationConfig`` or ``None``.
+        tokenizer: has ``eos_token_id`` (may be ``None``).
+        generation_config: a ``GenerationConfig`` or ``None``.
 
     Returns:
         The ids, possibly empty (neither source has one).

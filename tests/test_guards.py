@@ -218,3 +218,18 @@ def test_no_checkpoint_is_written_from_non_finite_weights(tmp_path, tiny_model_d
     with pytest.raises(FloatingPointError, match="not writing a checkpoint"):
         trainer._save_checkpoint(trainer.model, None)
     assert not (tmp_path / "out" / "checkpoint-3").exists()
+
+
+def slow_math_reward(completions, **kwargs):
+    from tandem_grpo.rewards import is_correct
+
+    # One answer per batch whose verification never finishes within its limit (the example).
+    first = is_correct("\\boxed{(9999!)^{9999}}", "5", verify_timeout=0.5)
+    return [float(first)] + [0.0] * (len(completions) - 1)
+
+
+def test_verification_timeouts_are_counted_in_the_logs(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs[0], reward=slow_math_reward, max_steps=2)
+    trainer.train()
+    logged = [h["rewards/verify_timeouts"] for h in trainer.state.log_history if "rewards/verify_timeouts" in h]
+    assert logged == [1.0, 1.0]

@@ -1,10 +1,14 @@
 """Evaluation suite of Tandem RL (arXiv 2606.28166, section 5): solo capability, handoff robustness, distribution
-drift and legibility to the junior, as a library (:func:`evaluate`) and the ``tandem-grpo evaluate`` command
-(:func:`tandem_grpo.evaluation.cli.main`).
+drift and legibility to the junior, as a library and the ``tandem-grpo evaluate`` command.
 
-Modules: :mod:`.metrics` (pass@k, bootstrap intervals, KL, drift reversal, cross-entropy, overlap),
-:mod:`.steps` (reasoning-step splitting), :mod:`.schedules` (handoff schedules), :mod:`.backends` (solo
-generation), :mod:`.report` (results.json, plots, HTML) and :mod:`.runner` (the orchestration).
+The library entry point is [`evaluate`][tandem_grpo.evaluation.runner.evaluate]; the command is
+[`tandem_grpo.evaluation.cli.main`][tandem_grpo.evaluation.cli.main].
+
+Modules: [`metrics`][tandem_grpo.evaluation.metrics] (pass@k, bootstrap intervals, KL, drift reversal,
+cross-entropy, overlap), [`steps`][tandem_grpo.evaluation.steps] (reasoning-step splitting),
+[`schedules`][tandem_grpo.evaluation.schedules] (handoff schedules), [`backends`][tandem_grpo.evaluation.backends]
+(solo generation), [`report`][tandem_grpo.evaluation.report] (results.json, plots, HTML) and
+[`runner`][tandem_grpo.evaluation.runner] (the orchestration).
 """
 
 from .backends import GenerationBackend, TransformersBackend, create_backend

@@ -1,9 +1,10 @@
 """Solo generation behind a small interface, so a vLLM backend can be added next to the transformers one.
 
 A backend turns token-id prompts into sampled completions for one model. Everything else in the evaluation
-(scoring, step schedules, reports) only sees token-id lists, so a backend needs nothing but :meth:`generate`.
-Tandem (word-handoff) generation and teacher-forced scoring always run on transformers models
-(:func:`tandem_grpo.generation.tandem_generate`), whatever the backend.
+(scoring, step schedules, reports) only sees token-id lists, so a backend needs nothing but
+[`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate]. Tandem (word-handoff) generation and
+teacher-forced scoring always run on transformers models ([`tandem_generate`][tandem_grpo.generation.tandem_generate]),
+whatever the backend.
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ class GenerationBackend:
     """Interface: sample completions for token-id prompts with one model.
 
     Attributes:
-        name: backend name. eos_token_ids: ids that end a completion. pad_token_id: filler id.
+        name: backend name.
+        eos_token_ids: ids that end a completion.
+        pad_token_id: filler id.
     """
 
     name: str = ""
@@ -60,9 +63,11 @@ class GenerationBackend:
 
         Args:
             prompts: token-id lists (chat template already applied), any lengths.
-            sampling: sampling settings (the ones training uses; :class:`tandem_grpo.sampling.SamplingSettings`).
+            sampling: sampling settings (the ones training uses;
+                [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
             max_new_tokens: the completion length cap, one for all prompts or one per prompt.
-            seed: seed for this call. desc: progress-bar label.
+            seed: seed for this call.
+            desc: progress-bar label.
 
         Returns:
             One completion per prompt: token ids up to and including the first EOS (absent when the cap was hit).
@@ -78,9 +83,11 @@ class TransformersBackend(GenerationBackend):
     settings and batch size draws the same completions.
 
     Args:
-        model: a loaded causal LM (evaluation mode is set here). tokenizer: its tokenizer.
+        model: a loaded causal LM (evaluation mode is set here).
+        tokenizer: its tokenizer.
         batch_size: prompts per ``generate`` call (default 16).
-        eos_token_ids: default: training's (:func:`tandem_grpo.sampling.default_eos_token_ids`, TRL's rule).
+        eos_token_ids: default: training's ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids],
+            TRL's rule).
         show_progress: draw a tqdm bar per call.
 
     Raises:
@@ -180,7 +187,8 @@ def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
     """The backend called ``name`` for a loaded ``model`` (kwargs go to its constructor).
 
     Raises:
-        ValueError: an unknown or not yet implemented backend name (see :func:`check_backend_name`).
+        ValueError: an unknown or not yet implemented backend name (see
+            [`check_backend_name`][tandem_grpo.evaluation.backends.check_backend_name]).
     """
     check_backend_name(name)
     return TransformersBackend(model, tokenizer, **kwargs)

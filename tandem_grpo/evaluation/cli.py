@@ -1,6 +1,9 @@
-"""``tandem-grpo evaluate``: the command-line front of :func:`tandem_grpo.evaluation.runner.evaluate`.
+"""``tandem-grpo evaluate``: the command-line front of ``tandem_grpo.evaluation.runner.evaluate``.
 
-Example (SmolLM2 evaluated against itself on 100 GSM8K test problems, 4 samples each)::
+The options are parsed into an [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] and run by
+[`evaluate`][tandem_grpo.evaluation.runner.evaluate].
+
+Example (SmolLM2 evaluated against itself on 100 GSM8K test problems, 4 samples each):
 
     tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
         --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k --split test --limit 100 --k 4 \\
@@ -20,7 +23,8 @@ from .runner import MEASUREMENTS, EvaluationConfig, EvaluationError, evaluate
 
 
 def build_parser(prog: str = "tandem-grpo evaluate") -> argparse.ArgumentParser:
-    """The argument parser of ``tandem-grpo evaluate`` (every option maps to an :class:`EvaluationConfig` field)."""
+    """The argument parser of ``tandem-grpo evaluate`` (every option maps to an
+    [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] field)."""
     p = argparse.ArgumentParser(
         prog=prog,
         description="Measure solo capability, handoff robustness, distribution drift and legibility to the junior "
@@ -71,7 +75,7 @@ def build_parser(prog: str = "tandem-grpo evaluate") -> argparse.ArgumentParser:
 
 
 def config_from_args(args: argparse.Namespace) -> EvaluationConfig:
-    """Build the run's :class:`EvaluationConfig` from parsed arguments.
+    """Build the run's [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] from parsed arguments.
 
     Raises:
         EvaluationError: invalid generation settings (named).

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 import torch
 
 DEFAULT_KL_SMOOTHING = 0.1
-"""Additive pseudo-count per vocabulary entry for marginal token distributions (see :func:`smoothed_distribution`).
+"""Additive pseudo-count per vocabulary entry for marginal token distributions (see
+[`smoothed_distribution`][tandem_grpo.evaluation.metrics.smoothed_distribution]).
 
 A full add-one (Laplace) count would put ~49k pseudo-tokens on SmolLM2's vocabulary, comparable to the ~50k
 tokens of a 100-problem evaluation, and flatten every distribution towards uniform; 0.1 keeps unseen tokens finite
@@ -59,7 +60,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def per_problem_pass_at_k(correct: Sequence[Sequence[bool]], k: int) -> list[float]:
-    """:func:`pass_at_k` for each problem; ``correct[i]`` holds the per-sample verdicts of problem ``i``."""
+    """[`pass_at_k`][tandem_grpo.evaluation.metrics.pass_at_k] for each problem; ``correct[i]`` holds the
+    per-sample verdicts of problem ``i``."""
     return [pass_at_k(len(row), int(sum(bool(x) for x in row)), k) for row in correct]
 
 
@@ -82,8 +84,12 @@ class Estimate:
     """A mean over problems with its confidence interval.
 
     Attributes:
-        value: the mean over problems. low, high: the interval bounds. confidence: e.g. 0.95.
-        method: how the interval was computed. num_problems: problems averaged.
+        value: the mean over problems.
+        low: the interval's lower bound.
+        high: the interval's upper bound.
+        confidence: the interval's confidence level, e.g. 0.95.
+        method: how the interval was computed.
+        num_problems: problems averaged.
     """
 
     value: float
@@ -115,10 +121,15 @@ def bootstrap_mean(
     as the random unit and the samples within a problem as fixed, as is usual for benchmark pass@k.
 
     Args:
-        values: one number per problem (e.g. :func:`per_problem_pass_at_k`). confidence: in (0, 1).
+        values: one number per problem (e.g.
+            [`per_problem_pass_at_k`][tandem_grpo.evaluation.metrics.per_problem_pass_at_k]).
+        confidence: in (0, 1) (default 0.95).
+        num_resamples: bootstrap resamples ``B`` (default 2000).
+        seed: seed ``S`` of the resampling generator (default 0).
 
     Returns:
-        :class:`Estimate` with ``method="percentile bootstrap over problems (B resamples, seed S)"``.
+        [`Estimate`][tandem_grpo.evaluation.metrics.Estimate] with
+        ``method="percentile bootstrap over problems (B resamples, seed S)"``.
 
     Raises:
         ValueError: ``values`` empty or ``confidence`` outside (0, 1).
@@ -148,8 +159,11 @@ def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int =
     """pass@k for each ``k`` in ``ks`` and mean accuracy, each with a bootstrap interval (paper section 5.1).
 
     Args:
-        correct: ``[num_problems][n]`` per-sample verdicts. ks: the k values, each ``<= n``.
-        seed, confidence: of the bootstrap intervals (:func:`bootstrap_mean`).
+        correct: ``[num_problems][n]`` per-sample verdicts.
+        ks: the k values, each ``<= n``.
+        seed: seed of the bootstrap intervals ([`bootstrap_mean`][tandem_grpo.evaluation.metrics.bootstrap_mean];
+            default 0).
+        confidence: confidence level of the bootstrap intervals (default 0.95).
 
     Returns:
         ``{"pass@k": Estimate dict, ..., "mean_accuracy": Estimate dict, "num_samples": n,
@@ -176,7 +190,8 @@ def token_counts(completions: Sequence[Sequence[int]], vocab_size: int) -> torch
     """How often each vocabulary id occurs in ``completions`` (completion tokens only, EOS included).
 
     Args:
-        completions: token id lists, each already cut at its end. vocab_size: ``V``.
+        completions: token id lists, each already cut at its end.
+        vocab_size: ``V``.
 
     Returns:
         float64 ``[V]`` counts.
@@ -198,8 +213,9 @@ def smoothed_distribution(counts: torch.Tensor, smoothing: float = DEFAULT_KL_SM
     """Additive smoothing: ``p(v) = (count(v) + smoothing) / (sum(count) + smoothing * V)``.
 
     Args:
-        counts: ``[V]`` non-negative counts. smoothing: pseudo-count per entry, ``> 0``
-            (default :data:`DEFAULT_KL_SMOOTHING` = 0.1).
+        counts: ``[V]`` non-negative counts.
+        smoothing: pseudo-count per entry, ``> 0`` (default
+            [`DEFAULT_KL_SMOOTHING`][tandem_grpo.evaluation.metrics.DEFAULT_KL_SMOOTHING] = 0.1).
 
     Returns:
         float64 ``[V]``, strictly positive, sums to 1.
@@ -225,10 +241,15 @@ def marginal_kl(
     """KL(model || base) in nats between the smoothed marginal token distributions of two sets of completions.
 
     The marginal distribution is the unigram frequency of completion tokens over the vocabulary (paper section
-    5.3), smoothed by :func:`smoothed_distribution` with the same ``smoothing`` on both sides.
+    5.3), smoothed by [`smoothed_distribution`][tandem_grpo.evaluation.metrics.smoothed_distribution] with the same
+    ``smoothing`` on both sides.
 
     Args:
-        counts_model, counts_base: float ``[V]`` from :func:`token_counts`.
+        counts_model: float ``[V]`` token counts of the model's completions, from
+            [`token_counts`][tandem_grpo.evaluation.metrics.token_counts].
+        counts_base: float ``[V]`` token counts of the base's completions, from
+            [`token_counts`][tandem_grpo.evaluation.metrics.token_counts].
+        smoothing: pseudo-count per entry, ``> 0`` (default 0.1).
     """
     return kl_divergence(smoothed_distribution(counts_model, smoothing), smoothed_distribution(counts_base, smoothing))
 
@@ -242,7 +263,8 @@ def drift_reversal(
 ) -> dict:
     """The ``top_n`` tokens GRPO shifted most, and the fraction a tandem checkpoint moves back (paper: N=500, 87%).
 
-    With ``p_m`` the smoothed marginal distribution of model ``m`` (:func:`smoothed_distribution`) and
+    With ``p_m`` the smoothed marginal distribution of model ``m``
+    ([`smoothed_distribution`][tandem_grpo.evaluation.metrics.smoothed_distribution]) and
     ``shift_m(v) = log p_m(v) - log p_base(v)``:
 
     - GRPO's top-N tokens are the ``top_n`` ids with the largest ``|shift_grpo(v)|`` (ties broken by lower id);
@@ -252,8 +274,11 @@ def drift_reversal(
       shift are candidates, so fewer than ``top_n`` are selected when fewer moved (NaN when none did).
 
     Args:
-        counts_base, counts_grpo, counts_tandem: float ``[V]`` token counts of each model's completions.
+        counts_base: float ``[V]`` token counts of the base model's completions.
+        counts_grpo: float ``[V]`` token counts of the GRPO checkpoint's completions.
+        counts_tandem: float ``[V]`` token counts of the tandem checkpoint's completions.
         top_n: N (the number actually used, at most ``V``, is returned as ``"top_n"``).
+        smoothing: pseudo-count per entry of the smoothed distributions, ``> 0`` (default 0.1).
 
     Returns:
         ``{"top_n", "fraction_moved_back", "num_moved_back", "token_ids", "grpo_shift", "tandem_shift"}``; the
@@ -296,7 +321,8 @@ def masked_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mask
 
     Args:
         logits: float ``[B, T, V]``, the predictive logits for each target position.
-        targets: long ``[B, T]``. mask: ``[B, T]``, 1 where the position counts.
+        targets: long ``[B, T]``.
+        mask: ``[B, T]``, 1 where the position counts.
 
     Returns:
         ``(sum in nats, count)``; divide for the per-token mean.
@@ -314,7 +340,9 @@ def masked_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor, mask: torch.T
     variation distance). ``p = softmax(logits)`` at temperature 1.
 
     Args:
-        logits_a, logits_b: float ``[B, T, V]``. mask: ``[B, T]``.
+        logits_a: float ``[B, T, V]``, the logits of ``p_a``.
+        logits_b: float ``[B, T, V]``, the logits of ``p_b``.
+        mask: ``[B, T]``, 1 where the position counts.
 
     Returns:
         ``(sum, count)``.
@@ -331,6 +359,11 @@ def pad_batch(
     prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Left-pad prompts and right-pad completions into one teacher-forcing batch.
+
+    Args:
+        prompts: prompt token ids, one list per sequence.
+        completions: completion token ids, one list per sequence.
+        pad_token_id: filler id for both paddings.
 
     Returns:
         ``(input_ids [B, P + T], attention_mask [B, P + T], completion_ids [B, T], completion_mask [B, T])`` with
@@ -359,7 +392,9 @@ def completion_logits(
     (``logits_to_keep``), which keeps ``[B, T, V]`` memory to the completion.
 
     Args:
-        model: a causal LM. input_ids, attention_mask: long ``[B, L]`` from :func:`pad_batch`.
+        model: a causal LM.
+        input_ids: long ``[B, L]`` from [`pad_batch`][tandem_grpo.evaluation.metrics.pad_batch].
+        attention_mask: long ``[B, L]`` from [`pad_batch`][tandem_grpo.evaluation.metrics.pad_batch].
         num_completion: ``T``.
 
     Returns:
@@ -395,9 +430,12 @@ def legibility(
     long completions weigh more). Empty completions contribute nothing.
 
     Args:
-        senior: the model that wrote ``completions`` (``None`` skips the overlap). junior: the frozen junior.
-        prompts: prompt token ids (chat template applied). completions: completion ids, cut after EOS.
-        pad_token_id: filler id (masked out). batch_size: sequences per forward pass.
+        senior: the model that wrote ``completions`` (``None`` skips the overlap).
+        junior: the frozen junior.
+        prompts: prompt token ids (chat template applied).
+        completions: completion ids, cut after EOS.
+        pad_token_id: filler id (masked out).
+        batch_size: sequences per forward pass.
         progress: optional tqdm-like object, ``update(n)`` is called per batch.
 
     Returns:

@@ -181,7 +181,7 @@ def plot_legibility(results: dict, path: str | Path) -> Path:
 @dataclass
 class SampleView:
     """One completion to show: where it came from, the problem, and its ``(text, author)`` spans
-    (:func:`tandem_grpo.authorship.authorship_spans`; author 1 = senior, 0 = junior)."""
+    ([`authorship_spans`][tandem_grpo.authorship.authorship_spans]; author 1 = senior, 0 = junior)."""
 
     checkpoint: str
     schedule: str

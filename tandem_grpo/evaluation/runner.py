@@ -3,10 +3,12 @@
 Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 5.
 
 1. Solo capability (5.1): k sampled completions per problem for every checkpoint (and the junior, as a
-   reference); unbiased pass@k and mean accuracy with bootstrap intervals (:mod:`.metrics`).
+   reference); unbiased pass@k and mean accuracy with bootstrap intervals
+   ([`metrics`][tandem_grpo.evaluation.metrics]).
 2. Handoff robustness (5.2): each checkpoint paired with the frozen junior under (a) the training rule
-   (:func:`.schedules.word_handoff_schedule`) and (b) step schedules, senior-first and junior-first, over a grid of
-   step counts (:func:`.schedules.step_schedule`); pass@k per schedule.
+   ([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and (b) step schedules,
+   senior-first and junior-first, over a grid of step counts
+   ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]); pass@k per schedule.
 3. Drift (5.3): KL(checkpoint || base) of marginal token distributions of the solo completions; with a GRPO
    checkpoint, the share of GRPO's most-shifted tokens each checkpoint moves back toward the base.
 4. Legibility (5.4): the junior's per-token cross-entropy on each checkpoint's solo completions and the per-token
@@ -51,27 +53,38 @@ class EvaluationConfig:
 
     Attributes:
         checkpoints: senior checkpoints (local folders or hub ids, resolved by
-            :func:`tandem_grpo.models.resolve_model_path`), at least one.
-        junior: the frozen junior; defaults to ``base``. base: the pre-RL model drift is measured against;
-            defaults to ``junior``. At least one of the two is required.
+            [`resolve_model_path`][tandem_grpo.models.resolve_model_path]), at least one.
+        junior: the frozen junior; defaults to ``base``. At least one of ``junior`` and ``base`` is required.
+        base: the pre-RL model drift is measured against; defaults to ``junior``.
         grpo_checkpoint: a vanilla-GRPO senior for the drift-reversal measurement (optional).
-        dataset, split, limit: passed to :func:`tandem_grpo.data.load_math_dataset` (default GSM8K test, all rows).
-        k: completions sampled per problem (default 4). pass_at: the k values of pass@k, each ``<= k``
-            (default: 1, 2, 4, ... up to and including ``k``).
-        sampling: sampling settings (:class:`tandem_grpo.sampling.SamplingSettings`, the ones training uses).
+        dataset: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``"gsm8k"``).
+        split: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``"test"``).
+        limit: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``None``: all rows).
+        k: completions sampled per problem (default 4).
+        pass_at: the k values of pass@k, each ``<= k`` (default: 1, 2, 4, ... up to and including ``k``).
+        sampling: sampling settings ([`SamplingSettings`][tandem_grpo.sampling.SamplingSettings], the ones training
+            uses).
         max_new_tokens: completion length cap in tokens (default 256).
-        junior_probability, handoff_granularity, max_gap_tokens: the schedule-(a) handoff rule (paper defaults).
+        junior_probability: of the schedule-(a) handoff rule (default 0.5, the paper's).
+        handoff_granularity: of the schedule-(a) handoff rule (default ``"word"``, the paper's).
+        max_gap_tokens: of the schedule-(a) handoff rule (default 32, the paper's).
         step_grid: step counts ``s`` of the step schedules (default 1, 2, 3).
-        measurements: which of ``"handoff"``, ``"drift"``, ``"legibility"`` to run (solo always runs).
-        backend: solo-generation backend (``"transformers"``). batch_size: sequences per generation call.
-        score_batch_size: sequences per teacher-forced forward pass. device: ``"cpu"``, ``"cuda"``, or ``None``
-            (CUDA when available). dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        measurements: which of ``"handoff"``, ``"drift"``, ``"legibility"`` to run (solo always runs; default all).
+        backend: solo-generation backend (``"transformers"``).
+        batch_size: sequences per generation call (default 16).
+        score_batch_size: sequences per teacher-forced forward pass (default 4).
+        device: ``"cpu"``, ``"cuda"``, or ``None`` (CUDA when available).
+        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
         num_threads: CPU threads for torch during the run (restored afterwards); ``None`` keeps torch's default.
             On a CPU shared with other jobs, 1 can be several times faster than oversubscribed OpenMP threads.
-        drift_top_n: N of the drift reversal (paper: 500). kl_smoothing: additive pseudo-count (see
-            :data:`.metrics.DEFAULT_KL_SMOOTHING`). confidence: of the bootstrap intervals.
-        num_html_samples: problems shown per checkpoint in ``samples.html``. output_dir: results folder.
-        show_progress: tqdm bars. seed: base seed of every draw.
+        drift_top_n: N of the drift reversal (default 500, the paper's).
+        kl_smoothing: additive pseudo-count (see
+            [`DEFAULT_KL_SMOOTHING`][tandem_grpo.evaluation.metrics.DEFAULT_KL_SMOOTHING], the default).
+        confidence: confidence level of the bootstrap intervals (default 0.95).
+        num_html_samples: problems shown per checkpoint in ``samples.html`` (default 6).
+        output_dir: results folder (default ``"evaluation_results"``).
+        show_progress: tqdm bars (default ``True``).
+        seed: base seed of every draw (default 0).
     """
 
     checkpoints: Sequence[str]
@@ -117,7 +130,8 @@ class EvaluationConfig:
         return HandoffRule.from_config(self)
 
     def validate(self) -> None:
-        """Check every argument that needs no model or data; raise :class:`EvaluationError` naming it."""
+        """Check every argument that needs no model or data; raise
+        [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] naming it."""
         if not self.checkpoints:
             raise EvaluationError("No checkpoints to evaluate: pass at least one with --checkpoints PATH_OR_ID.")
         if self.junior is None and self.base is None:
@@ -240,11 +254,15 @@ def _render_prompts(tokenizer, prompts: list) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def _score(tokenizer, completions: list[list[int]], golds_per_row: list[str]) -> list[bool]:
+def _score(tokenizer, completions: list[list[int]], golds_per_row: list[str], max_new_tokens: int) -> list[bool]:
     from ..rewards import is_correct
 
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    return [is_correct(t, g) for t, g in zip(texts, golds_per_row, strict=True)]
+    # The training reward's rule: a completion cut off at the length cap only scores with a complete \boxed{}.
+    return [
+        is_correct(t, g, truncated=len(ids) >= max_new_tokens)
+        for t, g, ids in zip(texts, golds_per_row, completions, strict=True)
+    ]
 
 
 def _by_problem(values: list, k: int) -> list[list]:
@@ -263,12 +281,16 @@ def _display_names(paths: Sequence[str]) -> list[str]:
 def evaluate(config: EvaluationConfig) -> dict:
     """Run the evaluation described by ``config`` and write its report; returns the ``results.json`` content.
 
-    Inputs are checked before any model weights load: arguments (:meth:`EvaluationConfig.validate`), the dataset
-    (loaded and non-empty), and every checkpoint's tokenizer and logits width against the junior's.
+    Inputs are checked before any model weights load: arguments
+    ([`EvaluationConfig.validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate]), the dataset (loaded and
+    non-empty), and every checkpoint's tokenizer and logits width against the junior's.
 
     Outputs in ``config.output_dir``: ``results.json`` (every number, the settings, timings), ``pass_at_k.png``,
     ``drift.png``, ``cross_entropy.png``, ``samples.html`` (authorship view) and ``samples.jsonl`` (every
     completion with its verdict and authorship).
+
+    Args:
+        config: the run's settings.
 
     Raises:
         EvaluationError: a bad argument, an empty or unreadable dataset, mismatched vocabularies, or a checkpoint
@@ -368,7 +390,7 @@ def _evaluate(config: EvaluationConfig) -> dict:
             seed=derive_seed(config.seed, "solo", m.path),
             desc=f"solo {Path(m.path).name}",
         )
-        m.solo_correct = _score(tokenizer, m.solo, gold_rows)
+        m.solo_correct = _score(tokenizer, m.solo, gold_rows, max_new_tokens)
     timing["solo_generation_and_scoring"] = time.perf_counter() - t
 
     ks = config.resolved_pass_at()
@@ -452,7 +474,7 @@ def _evaluate(config: EvaluationConfig) -> dict:
                 )
         entry["handoff"] = {}
         for out in outputs:
-            correct = _score(tokenizer, out.completion_ids, gold_rows)
+            correct = _score(tokenizer, out.completion_ids, gold_rows, max_new_tokens)
             entry["handoff"][out.name] = cap(correct) | {
                 "senior_token_fraction": out.senior_token_fraction(),
                 "exhausted_fraction": out.exhausted_fraction(),

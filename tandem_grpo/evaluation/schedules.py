@@ -1,10 +1,11 @@
 """Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
 
-(a) :func:`word_handoff_schedule`: the training rule itself (a coin at every word boundary, junior with
-    probability p), through :func:`tandem_grpo.generation.tandem_generate`.
-(b) :func:`step_schedule`: one model writes the first ``s`` reasoning steps (:mod:`.steps`), the other continues to
-    the end. "Senior first" continues senior completions with the junior; the mirror continues junior completions
-    with the senior.
+(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself (a coin
+    at every word boundary, junior with probability p), through
+    [`tandem_generate`][tandem_grpo.generation.tandem_generate].
+(b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
+    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
+    completions with the junior; the mirror continues junior completions with the senior.
 
 Every schedule returns per-token authorship (1 = senior, 0 = junior), so what it promises can be checked.
 """
@@ -77,16 +78,23 @@ def word_handoff_schedule(
     """Schedule (a): co-generate with the training handoff rule (paper section 3) via ``tandem_generate``.
 
     Args:
-        senior, junior: transformers causal LMs sharing one vocabulary. tokenizer: their tokenizer.
+        senior: transformers causal LM sharing one vocabulary with ``junior``.
+        junior: transformers causal LM sharing one vocabulary with ``senior``.
+        tokenizer: their tokenizer.
         prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
         sampling: sampling settings (the ones training uses).
-        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``. max_new_tokens: completion length cap.
-        eos_token_ids, pad_token_id: token ids for ending and padding.
-        batch_size: rows per ``tandem_generate`` call. seed: coin streams use ``derive_seed(seed, "coin", row)``,
-            token draws a ``torch.Generator`` seeded per batch. progress: optional tqdm-like, updated per batch.
+        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
+        max_new_tokens: completion length cap.
+        eos_token_ids: token ids that end a completion.
+        pad_token_id: token id for padding.
+        batch_size: rows per ``tandem_generate`` call (default 16).
+        seed: coin streams use ``derive_seed(seed, "coin", row)``, token draws a ``torch.Generator`` seeded per
+            batch.
+        progress: optional tqdm-like, updated per batch.
 
     Returns:
-        :class:`ScheduleOutput` with the authorship ``tandem_generate`` recorded.
+        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the authorship ``tandem_generate``
+        recorded.
     """
     from ..generation import tandem_generate
 
@@ -144,8 +152,12 @@ def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) ->
     boundary at or after ``end``, so step ``s`` is never split.
 
     Args:
-        ids: the first completion's tokens, EOS removed. start, end: from
-            :func:`tandem_grpo.evaluation.steps.handover_region`.
+        ids: the first completion's tokens, EOS removed.
+        tokenizer: the tokenizer that decodes ``ids``.
+        start: start of the separator region, from
+            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
+        end: end of the separator region, from
+            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
 
     Returns:
         The number of leading tokens that form the prefix (``0 < n <= len(ids)``).
@@ -200,30 +212,36 @@ def step_schedule(
 ) -> ScheduleOutput:
     """Schedule (b): the first model's first ``num_steps`` reasoning steps, then the other model to the end.
 
-    For each row, the first model's completion (e.g. its solo sample, so every ``s`` of a grid shares one set of
-    first drafts and the comparison across ``s`` is paired) is decoded without its EOS, split into steps by
-    :func:`tandem_grpo.evaluation.steps.handover_region` (blank lines, else lines), and its tokens up to the
-    separator after step ``num_steps`` are kept verbatim (no re-tokenization; :func:`handover_token_index` picks
-    the cut). ``continuation``
-    then samples from ``prompt + prefix`` with a cap of ``max_new_tokens - len(prefix)`` tokens, so the
-    whole completion obeys the same length cap as a solo one.
+    For each row, the first model's completion (e.g. its solo sample, so every ``s`` of a grid shares one set of first
+    drafts and the comparison across ``s`` is paired) is decoded without its EOS, split into steps by
+    [`handover_region`][tandem_grpo.evaluation.steps.handover_region] (blank lines, else lines), and its tokens up to
+    the separator after step ``num_steps`` are kept verbatim (no re-tokenization;
+    [`handover_token_index`][tandem_grpo.evaluation.schedules.handover_token_index] picks the cut). ``continuation``
+    then samples from ``prompt + prefix`` with a cap of ``max_new_tokens - len(prefix)`` tokens, so the whole
+    completion obeys the same length cap as a solo one.
 
-    Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand
-    over, including empty completions): the first model's whole completion stands unchanged, authored entirely by
-    the first model, and the row's ``handed_over`` is ``False``; :meth:`ScheduleOutput.exhausted_fraction` reports
+    Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand over,
+    including empty completions): the first model's whole completion stands unchanged, authored entirely by the first
+    model, and the row's ``handed_over`` is ``False``;
+    [`ScheduleOutput.exhausted_fraction`][tandem_grpo.evaluation.schedules.ScheduleOutput.exhausted_fraction] reports
     how often that happened.
 
     Args:
-        prompts: token-id prompts, one per row. first_completions: the first model's completions, one per row.
-        num_steps: ``s >= 1``. first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
-        continuation: backend of the other model. tokenizer: the shared tokenizer.
-        sampling: sampling settings for the continuation. max_new_tokens: the length cap of the whole completion.
+        prompts: token-id prompts, one per row.
+        first_completions: the first model's completions, one per row.
+        num_steps: ``s >= 1``.
+        first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
+        continuation: backend of the other model.
+        tokenizer: the shared tokenizer.
+        sampling: sampling settings for the continuation.
+        max_new_tokens: the length cap of the whole completion.
         seed: continuation seed (derived per schedule).
         desc: progress-bar label.
 
     Returns:
-        :class:`ScheduleOutput` named :func:`schedule_name`; authorship is the first author on the prefix and the
-        other on the continuation.
+        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named by
+        [`schedule_name`][tandem_grpo.evaluation.schedules.schedule_name]; authorship is the first author on the prefix
+        and the other on the continuation.
 
     Raises:
         ValueError: ``first`` not ``"senior"``/``"junior"``, ``num_steps < 1``, or rows that do not match.

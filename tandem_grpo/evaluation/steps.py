@@ -45,7 +45,8 @@ def step_spans(text: str) -> list[tuple[int, int]]:
 
 
 def split_steps(text: str) -> list[str]:
-    """The reasoning steps of ``text`` as strings (see :func:`step_spans` for the rule)."""
+    """The reasoning steps of ``text`` as strings (see [`step_spans`][tandem_grpo.evaluation.steps.step_spans] for the
+    rule)."""
     return [text[a:b] for a, b in step_spans(text)]
 
 

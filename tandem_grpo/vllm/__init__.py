@@ -1,9 +1,12 @@
 """Tandem co-generation inside one vLLM engine (TRL colocate and server modes).
 
-Modules: ``model`` (``TandemForCausalLM``: senior + frozen junior, own KV caches), ``processor`` (the v1 logits
-processor that mixes them with :mod:`tandem_grpo.handoff`), ``worker`` (RPCs), ``plugin`` (registration through the
-``vllm.general_plugins`` entry point), ``engine`` (engine arguments, rollout assembly), ``rollout`` (TRL
-integration), ``client`` and ``serve`` (server mode). Nothing here imports vLLM until it is used.
+Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + frozen junior, own KV caches),
+[`processor`][tandem_grpo.vllm.processor] (the v1 logits processor that mixes them with
+[`tandem_grpo.handoff`][tandem_grpo.handoff]), [`worker`][tandem_grpo.vllm.worker] (RPCs),
+[`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
+[`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly), [`rollout`][tandem_grpo.vllm.rollout] (TRL
+integration), [`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here
+imports vLLM until it is used.
 """
 
 from ._compat import MIN_VLLM_VERSION, check_vllm

@@ -1,4 +1,4 @@
-"""vLLM version and runner checks shared by every module of :mod:`tandem_grpo.vllm`.
+"""vLLM version and runner checks shared by every module of [`tandem_grpo.vllm`][tandem_grpo.vllm].
 
 Everything here imports without vLLM, so that error messages can be produced where vLLM is missing or too old.
 """

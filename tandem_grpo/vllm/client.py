@@ -1,13 +1,15 @@
 """Client side of server mode: TRL's ``VLLMClient`` plus tandem requests, tandem checks and a CPU weight path.
 
 Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to vLLM's own OpenAI server started by
-``tandem-grpo vllm-serve`` (:mod:`tandem_grpo.vllm.serve`). Additions:
+``tandem-grpo vllm-serve`` ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]). Additions:
 
-- :meth:`TandemVLLMClient.generate_tandem`: one ``/v1/completions`` request per completion (``n=1``), each with
-  its tandem settings in ``vllm_xargs`` (vLLM turns them into ``SamplingParams.extra_args``), sent concurrently;
-  then the processor's side records are read back with the worker extension's ``tandem_pop_records`` through the
-  dev endpoint ``POST /collective_rpc``. ``n > 1`` would give every sibling the same seed, hence one request each.
-- :meth:`TandemVLLMClient.check_tandem`: fails clearly when the server is not a tandem server.
+- [`TandemVLLMClient.generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem]: one
+  ``/v1/completions`` request per completion (``n=1``), each with its tandem settings in ``vllm_xargs`` (vLLM turns
+  them into ``SamplingParams.extra_args``), sent concurrently; then the processor's side records are read back with the
+  worker extension's ``tandem_pop_records`` through the dev endpoint ``POST /collective_rpc``. ``n > 1`` would give
+  every sibling the same seed, hence one request each.
+- [`TandemVLLMClient.check_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.check_tandem]: fails clearly when the
+  server is not a tandem server.
 - Weight sync without CUDA: TRL's client streams weights over vLLM's NCCL weight-transfer engine, which needs a
   CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
   folder and asks the server to load them, all in one reload of the senior (``tandem_load_weights``); trainer and
@@ -42,8 +44,10 @@ class TandemVLLMClient(VLLMClient):
     """``VLLMClient`` for a tandem server (module docstring).
 
     Args:
-        start_hint: the command that starts the expected server, quoted in connection errors.
-        *args, **kwargs: ``VLLMClient``'s (``base_url`` or ``host``/``server_port``, ``group_port``,
+        *args: ``VLLMClient``'s positional arguments.
+        start_hint: the command that starts the expected server, quoted in connection errors (default: the
+            ``tandem-grpo vllm-serve`` command line).
+        **kwargs: ``VLLMClient``'s keyword arguments (``base_url`` or ``host``/``server_port``, ``group_port``,
             ``connection_timeout``).
 
     Raises:
@@ -84,7 +88,8 @@ class TandemVLLMClient(VLLMClient):
         return response.json()["results"]
 
     def check_tandem(self) -> dict:
-        """The server's tandem settings (``TandemWorkerExtension.tandem_info``), cached.
+        """The server's tandem settings
+        ([`TandemWorkerExtension.tandem_info`][tandem_grpo.vllm.worker.TandemWorkerExtension.tandem_info]), cached.
 
         Raises:
             RuntimeError: the server is not a tandem server (plain ``vllm serve``/``trl vllm-serve``).
@@ -113,18 +118,24 @@ class TandemVLLMClient(VLLMClient):
         """Tandem completions, one per ``(prompt, seed)``.
 
         Args:
-            prompts: token-id prompts. seeds: one coin-stream seed per prompt. rule: the handoff rule.
-            sampling: the sampling settings (default ``SamplingSettings()``). max_tokens, generation_kwargs: see
-                :func:`tandem_grpo.vllm.engine.request_fields`. max_concurrent_requests: requests in flight.
+            prompts: token-id prompts.
+            seeds: one coin-stream seed per prompt.
+            rule: the handoff rule.
+            sampling: the sampling settings (default ``SamplingSettings()``).
+            max_tokens: completion length cap (default 256); see
+                [`request_fields`][tandem_grpo.vllm.engine.request_fields].
+            generation_kwargs: more ``SamplingParams`` fields; see
+                [`request_fields`][tandem_grpo.vllm.engine.request_fields].
+            max_concurrent_requests: requests in flight (default 64).
 
         Raises:
             ValueError: as many seeds as prompts are needed; see also
-                :func:`tandem_grpo.vllm.engine.request_fields`.
+                [`request_fields`][tandem_grpo.vllm.engine.request_fields].
 
         Returns:
             ``(completion_ids, mixture_logprobs, records)``: token ids, vLLM's ``log P`` per token (``NaN`` where
             missing), and the processor's record per completion; assemble them with
-            :func:`tandem_grpo.vllm.engine.finish_rollout`.
+            [`finish_rollout`][tandem_grpo.vllm.engine.finish_rollout].
         """
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per completion.")

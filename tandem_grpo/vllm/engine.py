@@ -1,7 +1,8 @@
 """Building tandem vLLM engines and turning their outputs into (completion ids, senior logprobs, authorship).
 
-Used by every entry point: TRL colocate mode (:mod:`tandem_grpo.vllm.rollout`), the server
-(:mod:`tandem_grpo.vllm.serve`), the client (:mod:`tandem_grpo.vllm.client`), the tests and the benchmark.
+Used by every entry point: TRL colocate mode ([`tandem_grpo.vllm.rollout`][tandem_grpo.vllm.rollout]), the server
+([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]), the client
+([`tandem_grpo.vllm.client`][tandem_grpo.vllm.client]), the tests and the benchmark.
 """
 
 from __future__ import annotations
@@ -20,10 +21,11 @@ from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import ARCHITECTURE, PROCESSOR_FQCN, WORKER_EXTENSION_FQCN, check_vllm, select_v1_model_runner
 from .processor import tandem_extra_args
 
-#: SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor).
 SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
-#: SamplingParams fields of :class:`~tandem_grpo.sampling.SamplingSettings`; tandem requests take them from there.
+"""SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor)."""
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+"""SamplingParams fields of [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]; tandem requests take them
+from there."""
 
 
 def _resolve(name_or_path: str) -> str:
@@ -40,8 +42,8 @@ def _tokenizer(path: str, trust_remote_code: bool = False):
 
 
 def engine_eos_token_ids(model: str, trust_remote_code: bool = False) -> list[int]:
-    """EOS ids of ``model`` by TRL's rule (:func:`tandem_grpo.sampling.default_eos_token_ids`: the tokenizer's EOS,
-    then those of ``generation_config.json``)."""
+    """EOS ids of ``model`` by TRL's rule ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids]:
+    the tokenizer's EOS, then those of ``generation_config.json``)."""
     from transformers import GenerationConfig
 
     try:
@@ -61,12 +63,13 @@ def engine_kwargs(
 
     Pass them to ``vllm.LLM(model=model, **engine_kwargs(...))``; the server passes the same values as
     ``--hf-overrides``, ``--logits-processors`` and ``--worker-extension-cls``. Also selects the V1 model runner
-    (``VLLM_USE_V2_MODEL_RUNNER=0``, see :func:`~tandem_grpo.vllm._compat.select_v1_model_runner`).
+    (``VLLM_USE_V2_MODEL_RUNNER=0``, see ``tandem_grpo.vllm._compat.select_v1_model_runner``).
 
     Args:
         model: the senior's local folder or hub id (what vLLM loads; the senior's weights come from there).
         junior_model: the junior's folder or hub id; ``None`` = a copy of the senior's initial weights.
-        eos_token_ids: the EOS ids the handoff rule treats as boundaries (default: :func:`engine_eos_token_ids`).
+        eos_token_ids: the EOS ids the handoff rule treats as boundaries (default:
+            [`engine_eos_token_ids`][tandem_grpo.vllm.engine.engine_eos_token_ids]).
         trust_remote_code: passed to ``transformers`` when reading configs and tokenizers.
 
     Returns:
@@ -76,7 +79,8 @@ def engine_kwargs(
     Raises:
         ImportError: vLLM missing or older than the minimum version.
         ValueError: the junior's tokenizer differs from the senior's, or a logits width is smaller than the
-            tokenizer (:func:`tandem_grpo.junior.check_same_vocabulary`); checked before any weights load.
+            tokenizer ([`check_same_vocabulary`][tandem_grpo.junior.check_same_vocabulary]); checked before any
+            weights load.
     """
     from transformers import AutoConfig
 
@@ -127,17 +131,20 @@ def request_fields(
     """Plain ``SamplingParams`` kwargs / OpenAI request fields of one completion, without the tandem extra args.
 
     Tandem requests (``tandem=True``) send vLLM's own ``top_k``/``top_p``/``min_p`` turned off: the logits processor
-    truncates the mixture with ``sampling`` (:func:`~tandem_grpo.vllm.processor.tandem_extra_args`). Solo senior
-    requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
+    truncates the mixture with ``sampling`` ([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]).
+    Solo senior requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
 
     Args:
-        sampling: the sampling settings. max_tokens: completion length cap (TRL's ``max_completion_length``).
+        sampling: the sampling settings.
+        max_tokens: completion length cap (TRL's ``max_completion_length``).
         generation_kwargs: more ``SamplingParams`` fields, unchanged (TRL's ``generation_kwargs``); ``n``, ``seed``
             and ``extra_args`` are dropped (one request per completion; seeds crash vLLM's CPU sampler).
+        tandem: ``True`` (default) for a tandem request, ``False`` for a solo senior request.
 
     Raises:
         ValueError: for tandem requests, a ``generation_kwargs`` entry vLLM would apply to the senior alone
-            (``SENIOR_ONLY_OPTIONS``) or that overrides ``sampling`` (``SAMPLING_FIELDS``).
+            ([`SENIOR_ONLY_OPTIONS`][tandem_grpo.vllm.engine.SENIOR_ONLY_OPTIONS]) or that overrides ``sampling``
+            ([`SAMPLING_FIELDS`][tandem_grpo.vllm.engine.SAMPLING_FIELDS]).
     """
     extra = {k: v for k, v in (generation_kwargs or {}).items() if k not in ("n", "extra_args", "seed")}
     if tandem:
@@ -189,12 +196,17 @@ def sampling_params(
     """One ``vllm.SamplingParams`` per completion (``rule=None``: plain senior sampling, no tandem).
 
     Args:
-        sampling: the sampling settings (default ``SamplingSettings()``). seeds, uids: one per completion.
-        rule: the handoff rule, one per completion, or ``None``. max_tokens, generation_kwargs: see
-            :func:`request_fields`.
+        sampling: the sampling settings (default ``SamplingSettings()``).
+        seeds: coin-stream seeds, one per completion.
+        uids: request uids, one per completion.
+        rule: the handoff rule, one per completion, or ``None``.
+        max_tokens: completion length cap (default 256); see
+            [`request_fields`][tandem_grpo.vllm.engine.request_fields].
+        generation_kwargs: more ``SamplingParams`` fields; see
+            [`request_fields`][tandem_grpo.vllm.engine.request_fields].
 
     Raises:
-        ValueError: see :func:`request_fields`.
+        ValueError: see [`request_fields`][tandem_grpo.vllm.engine.request_fields].
     """
     from vllm import SamplingParams
 
@@ -259,8 +271,9 @@ def replay(
     rule: HandoffRule | Sequence[HandoffRule],
     tables: BoundaryTables,
 ) -> list[list[int]]:
-    """Authorship of each completion from its tokens and seed (:func:`~tandem_grpo.handoff.replay_authorship`,
-    batched per rule), cut to each completion's length."""
+    """Authorship of each completion from its tokens and seed
+    ([`replay_authorship`][tandem_grpo.handoff.replay_authorship], batched per rule), cut to each completion's
+    length."""
     rules = _rules(rule, len(completion_ids))
     authorship: list[list[int]] = [[] for _ in completion_ids]
     for current in dict.fromkeys(rules):
@@ -287,9 +300,12 @@ def finish_rollout(
     (vLLM's ``log P`` plus the processor's correction ``c_t`` on senior tokens, ``NaN`` on junior tokens).
 
     Args:
-        completion_ids, mixture_logprobs: per completion, from vLLM. records: the processor's record per
-        completion (``tandem_pop_records``). seeds, rule: as sent (``rule``: one, or one per completion).
-        tables: the engine's boundary tables (:func:`boundary_tables`).
+        completion_ids: token ids per completion, from vLLM.
+        mixture_logprobs: vLLM's ``log P`` of each token per completion, or ``None``.
+        records: the processor's record per completion (``tandem_pop_records``).
+        seeds: the coin-stream seeds, as sent.
+        rule: the handoff rule, as sent: one, or one per completion.
+        tables: the engine's boundary tables ([`boundary_tables`][tandem_grpo.vllm.engine.boundary_tables]).
 
     Raises:
         RuntimeError: a record is missing, or the engine's authorship disagrees with the replay (the engine and
@@ -342,16 +358,18 @@ def generate_with_llm(
     """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion).
 
     Args:
-        llm: a ``vllm.LLM`` built with :func:`engine_kwargs`.
+        llm: a ``vllm.LLM`` built with [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs].
         prompt_ids: ``B`` prompts as token ids (repeat a prompt to get several completions of it).
         seeds: ``B`` coin-stream seeds (distinct per completion).
-        rule: the handoff rule, or one per completion. sampling: the sampling settings (default
-            ``SamplingSettings()``). max_tokens: completion length cap (default 256). generation_kwargs: more
-            ``SamplingParams`` fields (:func:`request_fields`).
+        rule: the handoff rule, or one per completion.
+        sampling: the sampling settings (default ``SamplingSettings()``).
+        max_tokens: completion length cap (default 256).
+        generation_kwargs: more ``SamplingParams`` fields ([`request_fields`][tandem_grpo.vllm.engine.request_fields]).
 
     Raises:
-        ValueError: as many seeds as prompts are needed; see also :func:`request_fields`.
-        RuntimeError: see :func:`finish_rollout`.
+        ValueError: as many seeds as prompts are needed; see also
+            [`request_fields`][tandem_grpo.vllm.engine.request_fields].
+        RuntimeError: see [`finish_rollout`][tandem_grpo.vllm.engine.finish_rollout].
     """
     if len(prompt_ids) != len(seeds):
         raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
@@ -393,11 +411,14 @@ def build_llm(
     """A tandem ``vllm.LLM`` for scripts and tests (the trainer builds its own through TRL; see rollout.py).
 
     Args:
-        model, junior_model: senior and junior (resolved with :func:`tandem_grpo.models.resolve_model_path`).
+        model: the senior (resolved with [`resolve_model_path`][tandem_grpo.models.resolve_model_path]).
+        junior_model: the junior (resolved the same way); ``None`` = a copy of the senior's initial weights.
         in_process: run the engine and its single worker in this process like TRL's colocate mode
             (``distributed_executor_backend="external_launcher"``), so the model is reachable at
             ``llm.llm_engine.model_executor.driver_worker.model_runner.model``.
-        llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization=0.2`` on a CPU, ``max_model_len``).
+        eos_token_ids: the EOS ids the handoff rule treats as boundaries (see
+            [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]).
+        **llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization=0.2`` on a CPU, ``max_model_len``).
     """
     from vllm import LLM
 

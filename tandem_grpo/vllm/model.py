@@ -8,27 +8,28 @@ prefix-cache hit is valid for both). Every step runs both models on the same tok
 - ``forward`` returns ``cat([senior_hidden, junior_hidden], -1)`` (``[num_tokens, H_s + H_j]``), so the rows the
   model runner selects for sampling (``hidden_states[logits_indices]``) carry both models' states;
 - ``compute_logits`` returns the senior's logits (what vLLM's sampler, penalties, temperature and logprobs see) and
-  hands the junior's logits to :class:`~tandem_grpo.vllm.processor.TandemLogitsProcessor` through
-  :mod:`tandem_grpo.vllm._slot` (same worker process, same step, same row order).
+  hands the junior's logits to [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] through
+  ``tandem_grpo.vllm._slot`` (same worker process, same step, same row order).
 
 Weights: the first ``load_weights`` call (vLLM's initial load from the senior's checkpoint) loads the senior, then
 the junior either from ``tandem_junior_path`` or as a copy of the senior's freshly loaded parameters. Every later
 call (weight syncs, vLLM weight-transfer engines, ``reload_weights``) loads into the senior only: unprefixed and
 ``senior.``-prefixed names go to the senior, ``junior.`` names are refused. The junior never changes.
 
-Weight syncs should go through :meth:`TandemForCausalLM.reload_senior`, which wraps the load in vLLM's in-place
-reload lifecycle (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``,
-``vllm/model_executor/model_loader/reload``) applied to the senior alone: some backends repack weights after
-loading (vLLM's CPU backend moves every linear weight into a oneDNN handle and leaves an empty parameter), so a bare
-``load_weights`` into the processed model fails there; the lifecycle restores checkpoint-format parameters,
-loads, and re-runs the processing, layer by layer.
+Weight syncs should go through
+[`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior], which wraps the load in
+vLLM's in-place reload lifecycle (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``,
+``vllm/model_executor/model_loader/reload``) applied to the senior alone: some backends repack weights after loading
+(vLLM's CPU backend moves every linear weight into a oneDNN handle and leaves an empty parameter), so a bare
+``load_weights`` into the processed model fails there; the lifecycle restores checkpoint-format parameters, loads, and
+re-runs the processing, layer by layer.
 
-Configuration comes through ``hf_overrides`` (see :func:`tandem_grpo.vllm.engine.engine_kwargs`):
+Configuration comes through ``hf_overrides`` (see [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]):
 ``architectures=["TandemForCausalLM"]``, ``tandem_architectures`` (the senior checkpoint's own architectures) and
 optionally ``tandem_junior_path``.
 
-Follows the structure of vLLM's own wrappers that nest registered models (e.g. ``vllm/model_executor/models/
-llava.py``: ``init_vllm_registered_model`` + ``AutoWeightsLoader``), vLLM 0.32.
+Follows the structure of vLLM's own wrappers that nest registered models (e.g.
+``vllm/model_executor/models/llava.py``: ``init_vllm_registered_model`` + ``AutoWeightsLoader``), vLLM 0.32.
 """
 
 from __future__ import annotations
@@ -80,16 +81,16 @@ def iter_checkpoint(name_or_path: str) -> Iterator[tuple[str, torch.Tensor]]:
 class TandemForCausalLM(nn.Module):
     """Senior + frozen junior causal LMs in one vLLM model (module docstring).
 
+    The junior's logits width may differ from the senior's (embedding padding): the logits processor cuts both to the
+    tokenizer's ids ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] has checked the tokenizers and widths).
+
     Args:
         vllm_config: the engine's config; ``model_config.hf_config`` carries the ``tandem_*`` overrides.
         prefix: the weight-name prefix vLLM gives this module (normally ``""``).
 
-    The junior's logits width may differ from the senior's (embedding padding): the logits processor cuts both to
-    the tokenizer's ids (:func:`tandem_grpo.vllm.engine.engine_kwargs` has checked the tokenizers and widths).
-
     Raises:
         ValueError: ``tandem_architectures`` is missing (the engine was not built with
-            :func:`tandem_grpo.vllm.engine.engine_kwargs`).
+            [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]).
     """
 
     def __init__(self, *, vllm_config, prefix: str = "") -> None:

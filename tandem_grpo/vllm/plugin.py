@@ -1,8 +1,9 @@
-"""vLLM plugin entry point: registers :class:`~tandem_grpo.vllm.model.TandemForCausalLM` in every vLLM process.
+"""vLLM plugin entry point: registers ``TandemForCausalLM`` in every vLLM process.
 
 vLLM runs ``vllm.general_plugins`` entry points in the main process and in each engine/worker process it spawns, so
 a registration made there is visible where the model is built (a ``ModelRegistry.register_model`` call in the main
-process alone is not: the workers are separate processes). Declared in pyproject.toml as::
+process alone is not: the workers are separate processes). The class registered is
+[`TandemForCausalLM`][tandem_grpo.vllm.model.TandemForCausalLM]. Declared in pyproject.toml as:
 
     [project.entry-points."vllm.general_plugins"]
     tandem_grpo = "tandem_grpo.vllm.plugin:register"
@@ -17,7 +18,8 @@ def register() -> None:
     """Register ``TandemForCausalLM`` lazily (by module path, so vLLM imports it only when an engine uses it).
 
     Idempotent; a no-op when it is already registered. Engines select the class with
-    ``hf_overrides={"architectures": ["TandemForCausalLM"], ...}`` (see :func:`tandem_grpo.vllm.engine.engine_kwargs`).
+    ``hf_overrides={"architectures": ["TandemForCausalLM"], ...}``
+    (see [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]).
     """
     from vllm import ModelRegistry
 

@@ -1,42 +1,46 @@
 """The tandem logits processor (vLLM v1 ``LogitsProcessor`` interface, V1 model runner).
 
-Per request it keeps the handoff-rule state of :mod:`tandem_grpo.handoff` (owner, pre-drawn next owner, unit length,
-unit index, sentence flag, coin seed) and, every step, replaces the request's row of the senior logits with the log
-probabilities of the tandem mixture ``P`` (:func:`~tandem_grpo.handoff.mixture_logprobs`), truncated. vLLM's
-sampler then draws the token from that; the token's author is a function of the token (``advance``), so nothing
-else has to be decided here.
+Per request it keeps the handoff-rule state of [`tandem_grpo.handoff`][tandem_grpo.handoff] (owner, pre-drawn next
+owner, unit length, unit index, sentence flag, coin seed) and, every step, replaces the request's row of the senior
+logits with the log probabilities of the tandem mixture ``P``
+([`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]), truncated. vLLM's sampler then draws the token from that;
+the token's author is a function of the token ([`advance`][tandem_grpo.handoff.advance]), so nothing else has to be
+decided here.
 
 Where it sits in vLLM's sampler (``vllm/v1/sample/sampler.py``, vLLM 0.32): the processor declares itself
 argmax-invariant, so it runs *after* vLLM has applied the penalties and the temperature to the senior's logits and
 *before* vLLM's top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
-:mod:`tandem_grpo.vllm._slot`), mixes, and truncates the mixture itself with
-:func:`tandem_grpo.sampling.truncate_logprobs` (top-k, then top-p, then min-p): the same function, in the same order,
-as the transformers path. Tandem requests therefore carry ``top_k``/``top_p``/``min_p`` in their extra args
-(:func:`tandem_extra_args`) and send vLLM's own ``top_k``/``top_p``/``min_p`` turned off (vLLM would apply min-p
-before this processor and top-k/top-p after it, another order). Greedy requests never reach argmax-invariant
-processors, so tandem requests must sample (``temperature > 0``); :meth:`TandemLogitsProcessor.validate_params`
-enforces that and the other limits.
+``tandem_grpo.vllm._slot``), mixes, and truncates the mixture itself with
+[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] (top-k, then top-p, then min-p): the same function, in
+the same order, as the transformers path. Tandem requests therefore carry ``top_k``/``top_p``/``min_p`` in their extra
+args ([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]) and send vLLM's own
+``top_k``/``top_p``/``min_p`` turned off (vLLM would apply min-p before this processor and top-k/top-p after it,
+another order). Greedy requests never reach argmax-invariant processors, so tandem requests must sample
+(``temperature > 0``);
+[`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor.validate_params] enforces
+that and the other limits.
 
 Both models' logits are cut to the ``V`` ids of the boundary tables (the tokenizer's length, see
-:meth:`~tandem_grpo.handoff.BoundaryTables.from_tokenizer`) before mixing; columns past ``V`` (embedding padding of
-either checkpoint) get probability 0, so a junior whose logits are wider or narrower than the senior's (down to
-``V``) mixes correctly and vLLM's sampler never draws an id the tokenizer does not know.
+[`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer]) before mixing; columns past ``V``
+(embedding padding of either checkpoint) get probability 0, so a junior whose logits are wider or narrower than the
+senior's (down to ``V``) mixes correctly and vLLM's sampler never draws an id the tokenizer does not know.
 
-The processor needs vLLM's async scheduling off (:func:`tandem_grpo.vllm.engine.engine_kwargs` sets
+The processor needs vLLM's async scheduling off ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] sets
 ``async_scheduling=False``): with it on, a request's last sampled token can still be a placeholder (``-1``) when
 the processor runs, and the rule state would be one token behind; the processor raises instead.
 
-Requests opt in through ``SamplingParams.extra_args`` (:func:`tandem_extra_args`); other requests in the same batch
-are left untouched (plain senior sampling), which is how the tests compare tandem with solo generation in one engine.
+Requests opt in through ``SamplingParams.extra_args``
+([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]); other requests in the same batch are left
+untouched (plain senior sampling), which is how the tests compare tandem with solo generation in one engine.
 
-Side records, read back by the client (:func:`pop_records`, reached through the worker extension's
-``collective_rpc``): per request uid, the author of each completion token the processor has advanced over, and per
-position the *senior-logprob correction* ``c_t``. vLLM returns ``log P'(x_t)``, the log-probability under the
-truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the log-softmax of
+Side records, read back by the client ([`pop_records`][tandem_grpo.vllm.processor.pop_records], reached through the
+worker extension's ``collective_rpc``): per request uid, the author of each completion token the processor has advanced
+over, and per position the *senior-logprob correction* ``c_t``. vLLM returns ``log P'(x_t)``, the log-probability under
+the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the log-softmax of
 what this processor wrote, since vLLM's own top-k/top-p are off for tandem requests). For a senior token
-``log P'(x_t) + c_t = log p_s(x_t) - log Z_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from
-the junior to the senior at ``t`` (``P = p_j(B) p_s(x) / p_s(B)`` there) and ``c_t = 0`` everywhere else
-(``P = p_s`` on every other senior token); ``Z_t`` is the mixture mass the truncation kept (1 without truncation).
+``log P'(x_t) + c_t = log p_s(x_t) - log Z_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from the
+junior to the senior at ``t`` (``P = p_j(B) p_s(x) / p_s(B)`` there) and ``c_t = 0`` everywhere else (``P = p_s`` on
+every other senior token); ``Z_t`` is the mixture mass the truncation kept (1 without truncation).
 """
 
 from __future__ import annotations
@@ -84,11 +88,13 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
 
     Args:
         seed: the request's coin-stream seed (any int; hashed to 32 bits by the rule).
-        uid: a string unique per request, the key of its side records (:func:`pop_records`).
+        uid: a string unique per request, the key of its side records
+            ([`pop_records`][tandem_grpo.vllm.processor.pop_records]).
         rule: the handoff rule.
         sampling: its ``top_k``, ``top_p`` and ``min_p`` truncate the mixture here (default: no truncation); the
-            request's own ``top_k``/``top_p``/``min_p`` must be off (:func:`tandem_grpo.vllm.engine.request_fields`)
-            and its temperature and repetition penalty are the request's.
+            request's own ``top_k``/``top_p``/``min_p`` must be off
+            ([`request_fields`][tandem_grpo.vllm.engine.request_fields]) and its temperature and repetition penalty are
+            the request's.
     """
     sampling = sampling or SamplingSettings()
     return {
@@ -120,7 +126,7 @@ def sampling_from_params(params: SamplingParams) -> SamplingSettings:
     truncation from its extra args.
 
     Raises:
-        ValueError: a value outside its range (see :class:`~tandem_grpo.sampling.SamplingSettings`).
+        ValueError: a value outside its range (see [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
     """
     extra = params.extra_args or {}
     return SamplingSettings(
@@ -226,6 +232,11 @@ class TandemLogitsProcessor(LogitsProcessor):
 
     Constructed by vLLM in every worker: ``(vllm_config, device, is_pin_memory)``. Inactive (a no-op) on engines
     whose model is not ``TandemForCausalLM``.
+
+    Args:
+        vllm_config: the engine's config; its model's architecture decides whether the processor is active.
+        device: the worker's device.
+        is_pin_memory: part of vLLM's constructor interface; not used.
     """
 
     def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:

@@ -1,23 +1,27 @@
 """TRL integration: a tandem ``VLLMGeneration`` for ``GRPOTrainer`` (colocate and server modes).
 
-TRL 1.16 builds its vLLM backend in ``GRPOTrainer.__init__`` as ``VLLMGeneration(...)`` (``trl/generation/
-vllm_generation.py``), which in turn builds ``vllm.LLM(...)`` (colocate) or ``VLLMClient(...)`` (server). The tandem
-versions reuse all of it:
+TRL 1.16 builds its vLLM backend in ``GRPOTrainer.__init__`` as ``VLLMGeneration(...)``
+(``trl/generation/vllm_generation.py``), which in turn builds ``vllm.LLM(...)`` (colocate) or ``VLLMClient(...)``
+(server). The tandem versions reuse all of it:
 
-- :class:`TandemVLLMGeneration` subclasses ``VLLMGeneration``; its ``_init_vllm`` runs TRL's own ``_init_vllm``
-  with the module-level names ``LLM`` / ``VLLMClient`` that TRL calls swapped, for that call only, for factories that
-  add the tandem engine arguments (:func:`~tandem_grpo.vllm.engine.engine_kwargs`) or build a
-  :class:`~tandem_grpo.vllm.client.TandemVLLMClient`. Every other TRL behaviour (TP groups, env setup, quantization
-  detection, ``sync_weights`` for FSDP/DeepSpeed/PEFT, prefix-cache reset) is TRL's code, unchanged.
+- [`TandemVLLMGeneration`][tandem_grpo.vllm.rollout.TandemVLLMGeneration] subclasses ``VLLMGeneration``; its
+  ``_init_vllm`` runs TRL's own ``_init_vllm`` with the module-level names ``LLM`` / ``VLLMClient`` that TRL calls
+  swapped, for that call only, for factories that add the tandem engine arguments
+  ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]) or build a
+  [`TandemVLLMClient`][tandem_grpo.vllm.client.TandemVLLMClient]. Every other TRL behaviour (TP groups, env setup,
+  quantization detection, ``sync_weights`` for FSDP/DeepSpeed/PEFT, prefix-cache reset) is TRL's code, unchanged.
 - Weight sync streams TRL's own ``_iter_named_params()`` (FSDP/DeepSpeed/PEFT handled by TRL) under HF names into
   the senior only. Server mode: TRL's ``sync_weights`` unchanged (the client's transport). Colocate mode: instead of
   TRL's per-tensor ``model.load_weights`` (which fails on backends that repack weights after loading, such as
-  vLLM's CPU backend), the tensors go through ``TandemForCausalLM.reload_senior`` (vLLM's in-place reload
-  lifecycle, on the senior alone). The junior never changes.
-- :func:`use_tandem_vllm` is the context the trainer's ``__init__`` runs ``super().__init__`` in, so that
-  ``GRPOTrainer`` constructs a :class:`TandemVLLMGeneration` where it would construct a ``VLLMGeneration``.
-- :func:`generate_tandem` is what the trainer's ``_generate_single_turn`` calls instead of
-  ``self.vllm_generation.generate``.
+  vLLM's CPU backend), the tensors go through
+  [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior] (vLLM's in-place
+  reload lifecycle, on the senior alone). The junior never changes.
+- [`use_tandem_vllm`][tandem_grpo.vllm.rollout.use_tandem_vllm] is the context the trainer's ``__init__`` runs
+  ``super().__init__`` in, so that ``GRPOTrainer`` constructs a
+  [`TandemVLLMGeneration`][tandem_grpo.vllm.rollout.TandemVLLMGeneration] where it would construct a
+  ``VLLMGeneration``.
+- [`generate_tandem`][tandem_grpo.vllm.rollout.generate_tandem] is what the trainer's ``_generate_single_turn`` calls
+  instead of ``self.vllm_generation.generate``.
 """
 
 from __future__ import annotations
@@ -85,11 +89,12 @@ class TandemVLLMGeneration(VLLMGeneration):
     """TRL's ``VLLMGeneration`` with a tandem engine (module docstring).
 
     Args:
+        *args: ``VLLMGeneration``'s positional arguments, as ``GRPOTrainer`` passes them.
         rule: the handoff rule (``HandoffRule.from_config(args)``).
         junior_model: the junior's folder or hub id; ``None`` = a frozen copy of the senior's initial weights.
         llm_kwargs: extra ``vllm.LLM`` arguments for colocate mode, on top of TRL's (e.g. ``enforce_eager=True``,
             ``dtype="float32"`` on a CPU); ignored in server mode (pass server flags to ``tandem-grpo vllm-serve``).
-        *args, **kwargs: ``VLLMGeneration``'s arguments, as ``GRPOTrainer`` passes them.
+        **kwargs: ``VLLMGeneration``'s keyword arguments, as ``GRPOTrainer`` passes them.
 
     Raises:
         NotImplementedError: ``enable_sleep_mode=True`` in colocate mode (sleep level 2 discards the weights and
@@ -260,16 +265,20 @@ class TandemVLLMGeneration(VLLMGeneration):
 
 @contextlib.contextmanager
 def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
-    """Run ``GRPOTrainer.__init__`` inside this so that it builds a :class:`TandemVLLMGeneration`.
+    """Run ``GRPOTrainer.__init__`` inside this so that it builds a
+    [`TandemVLLMGeneration`][tandem_grpo.vllm.rollout.TandemVLLMGeneration].
 
     ``trl.trainer.grpo_trainer`` refers to ``VLLMGeneration`` by a module-level name; inside the context that name
-    is a factory adding the tandem settings from ``args`` (a ``TandemGRPOConfig``). A no-op (TRL's plain engine,
-    no junior inside) when ``args.use_vllm`` is false or the rollouts are senior-only (``junior_probability == 0``
-    or ``kl_to_junior``). ``llm_kwargs`` are extra ``vllm.LLM`` arguments for colocate mode. Usage in the
-    trainer::
+    is a factory adding the tandem settings from ``args``. A no-op (TRL's plain engine, no junior inside) when
+    ``args.use_vllm`` is false or the rollouts are senior-only (``junior_probability == 0`` or ``kl_to_junior``).
+    Usage in the trainer:
 
         with use_tandem_vllm(args):
             super().__init__(model=model, args=args, ...)
+
+    Args:
+        args: the trainer's config (a [`TandemGRPOConfig`][tandem_grpo.config.TandemGRPOConfig]).
+        **llm_kwargs: extra ``vllm.LLM`` arguments for colocate mode.
 
     Raises:
         RuntimeError: the installed TRL has no ``trl.trainer.grpo_trainer.VLLMGeneration`` (unsupported TRL).
@@ -302,10 +311,12 @@ def generate_tandem(
     Call it where TRL calls ``self.vllm_generation.generate(...)`` (after TRL's ``sync_weights`` block).
 
     Args:
-        trainer: the trainer; ``trainer.vllm_generation`` must be a :class:`TandemVLLMGeneration` (built by running
-            ``GRPOTrainer.__init__`` under :func:`use_tandem_vllm`).
+        trainer: the trainer; ``trainer.vllm_generation`` must be a
+            [`TandemVLLMGeneration`][tandem_grpo.vllm.rollout.TandemVLLMGeneration] (built by running
+            ``GRPOTrainer.__init__`` under [`use_tandem_vllm`][tandem_grpo.vllm.rollout.use_tandem_vllm]).
         prompt_ids: this process's prompts, one per completion (TRL's ``prompt_ids``).
-        num_generations: completions per prompt. seeds: one coin-stream seed per completion.
+        num_generations: completions per prompt.
+        seeds: one coin-stream seed per completion.
 
     Returns:
         ``(completion_ids, senior_logprobs, authorship)`` lists of lists: token ids; the senior's own log-prob of

