@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import build_tiny_model, build_tiny_tokenizer, child_env
+from conftest import build_tiny_model, build_tiny_tokenizer, child_env, skip_without_vllm
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -30,6 +30,7 @@ class Entry:
     error: type[BaseException] | int  # exception type, or a command line's exit status
     match: str  # regex the message (or stderr's error line) must match
     run: Callable[[Path], object]  # triggers it; gets a fresh temporary folder
+    needs_vllm: bool = False
 
 
 # ----------------------------------------------------------------- triggers
@@ -78,6 +79,21 @@ def _short_name(name: str, split: str):
         return load_math_dataset(name, split=split, data_dir=tmp)
 
     return run
+
+
+def _server_down(tmp):
+    from datasets import Dataset
+
+    from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+
+    build_tiny_model(0).save_pretrained(tmp / "senior")
+    build_tiny_tokenizer().save_pretrained(tmp / "senior")
+    args = TandemGRPOConfig(
+        output_dir=str(tmp / "out"), report_to=[], use_vllm=True, vllm_mode="server", vllm_server_timeout=2,
+        vllm_server_base_url="http://127.0.0.1:9", per_device_train_batch_size=4, num_generations=4,
+    )  # fmt: skip
+    TandemGRPOTrainer(model=str(tmp / "senior"), reward_funcs=lambda completions, **k: [0.0] * len(completions),
+                      args=args, train_dataset=Dataset.from_dict({"prompt": ["a"] * 4}))  # fmt: skip
 
 
 def _reward(output):
@@ -162,6 +178,13 @@ CATALOGUE: list[Entry] = [
     Entry("tandem-grpo evaluate", "`--dataset missing.jsonl`", "one `error:` line, exit status 2",
           2, r"^tandem-grpo evaluate: error: .*missing\.jsonl", _command(*EVALUATE, "--dataset",
                                                                          "missing.jsonl")),
+    Entry("tandem-grpo vllm-serve", "`--model` a folder that does not exist", "one `error:` line, exit status 2",
+          2, r"^tandem-grpo vllm-serve: error: No model folder at `/nonexistent/model`",
+          _command("-m", "tandem_grpo.cli", "vllm-serve", "--model", "/nonexistent/model"), needs_vllm=True),
+    Entry("TandemGRPOTrainer", "`vllm_mode=\"server\"` with no server running",
+          "`ConnectionError` after `vllm_server_timeout`, printing the command that starts one",
+          ConnectionError, r"No tandem vLLM server is reachable at http://127\.0\.0\.1:9.*vllm-serve --model",
+          _server_down, needs_vllm=True),
 ]  # fmt: skip
 
 README_HEADER = """| where | what was wrong | what you see |
@@ -176,6 +199,8 @@ def readme_table() -> str:
 
 @pytest.mark.parametrize("entry", CATALOGUE, ids=lambda e: f"{e.where}: {e.bad}")
 def test_bad_input(entry: Entry, tmp_path):
+    if entry.needs_vllm:
+        skip_without_vllm()
     if isinstance(entry.error, int):
         status = entry.run(tmp_path)
         lines = [line for line in entry.run.stderr.splitlines() if line.strip()]
