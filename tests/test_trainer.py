@@ -259,10 +259,9 @@ def test_evaluation_rollouts_are_the_seniors_alone_by_default(tmp_path, tiny_mod
 
 def test_tandem_eval_rollouts_opt_in_and_leave_the_training_coins_alone(tmp_path, tiny_model_dirs):
     trainer = _eval_trainer(tmp_path, tiny_model_dirs, tandem_eval_rollouts=True)
-    train_coins = trainer._seed_rngs["train"].getstate()
     metrics = trainer.evaluate()
     assert 0.0 < metrics["eval_tandem/senior_token_fraction"] < 1.0, "evaluation co-generated"
-    assert trainer._seed_rngs["train"].getstate() == train_coins, "evaluation drew no training coins"
+    assert "train" not in trainer._generation_calls, "evaluation made no training generation call"
     # The training rollouts after evaluate() are those of a run that never evaluated.
     fresh = _eval_trainer(tmp_path, tiny_model_dirs, tandem_eval_rollouts=True)
     torch.manual_seed(0)

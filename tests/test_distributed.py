@@ -1,0 +1,400 @@
+"""Several processes: 2 real CPU processes (gloo) train TandemGRPOTrainer, plainly and under DeepSpeed ZeRO-2/3.
+
+Each test launches ``accelerate launch --config_file examples/accelerate_configs/<config> --num_processes 2`` on this
+file; the ``__main__`` block below is the worker every rank runs. It trains a tiny random Llama for 2 steps and
+writes, per rank, what the accelerator saw (number of processes, rank), the coin seeds it drew, the logged tandem
+metrics and a hash of the senior's weights before and after training; the test compares the ranks' files.
+
+On a machine without a GPU, accelerate counts the processes only when told they are CPU processes:
+``ACCELERATE_USE_CPU=true`` for the plain (DDP) launch; under DeepSpeed, where that variable turns DeepSpeed off, the
+worker creates the process state with the gloo backend first (``_deepspeed_on_cpu``). Otherwise each rank's
+Accelerator reports one process and a "2-process" run trains two copies that never exchange data, passing for the
+wrong reason: the tests assert ``num_processes == 2`` as the trainer saw it, and that DeepSpeed really ran.
+Multi-process tests are marked ``distributed`` (each launch takes about 30-60 s on 2 shared CPU cores).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "examples" / "accelerate_configs"
+LAUNCH_TIMEOUT_S = 240
+
+
+def _has_deepspeed() -> bool:
+    try:
+        import deepspeed  # noqa: F401
+    except Exception:  # noqa: BLE001 (a broken install raises other errors than ImportError)
+        return False
+    return True
+
+
+needs_deepspeed = pytest.mark.skipif(
+    not _has_deepspeed(), reason="deepspeed is not installed: `pip install -e '.[deepspeed]'` (deepspeed==0.19.8)"
+)
+
+
+def _launch(tmp_path: Path, config: str | Path, **worker) -> list[dict]:
+    """Run the worker on 2 processes with accelerate config ``config`` (a file name in examples/accelerate_configs,
+    or a path); return each rank's result, rank 0 first."""
+    from conftest import build_tiny_model, build_tiny_tokenizer, child_env, free_port
+
+    model_dir = tmp_path / "model"
+    if not model_dir.exists():
+        build_tiny_model(0).save_pretrained(model_dir)
+        build_tiny_tokenizer().save_pretrained(model_dir)
+    results = tmp_path / "results"
+    results.mkdir(exist_ok=True)
+    spec = {"model": str(model_dir), "output_dir": str(tmp_path / "out"), "results": str(results), **worker}
+    env = child_env()
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    config = CONFIGS / config
+    if "deepspeed" not in config.read_text():
+        env["ACCELERATE_USE_CPU"] = "true"  # (DeepSpeed on a CPU: see _deepspeed_on_cpu)
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
+               "--num_processes", "2", "--main_process_port", str(free_port()),
+               __file__, json.dumps(spec)]  # fmt: skip
+    start = time.time()
+    # Its own process group, so that a launch that hangs is ended with every rank it started.
+    proc = subprocess.Popen(
+        command, env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True
+    )
+    try:
+        stdout, _ = proc.communicate(timeout=LAUNCH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        stdout, _ = proc.communicate()
+        (tmp_path / "launch.log").write_bytes(stdout or b"")
+        pytest.fail(f"{config.name}: no result in {LAUNCH_TIMEOUT_S} s (a rank waiting forever?)\n{_tail(stdout)}")
+    (tmp_path / "launch.log").write_bytes(stdout or b"")
+    output = _tail(stdout)
+    files = sorted(results.glob("rank*.json"))
+    assert len(files) == 2, f"{config.name}: exit {proc.returncode}, {len(files)} result files\n{output}"
+    print(f"{config.name}: {time.time() - start:.0f} s (exit {proc.returncode})")
+    return [json.loads(f.read_text()) for f in files]
+
+
+def _tail(stdout: bytes | None, chars: int = 8000) -> str:
+    return (stdout or b"").decode(errors="replace")[-chars:]
+
+
+def _check_two_ranks_trained_together(ranks: list[dict]) -> None:
+    assert [r["process_index"] for r in ranks] == [0, 1]
+    assert all(r["num_processes"] == 2 for r in ranks), [r["distributed_type"] for r in ranks]
+    assert all(r["global_step"] == 2 for r in ranks)
+    # Each rank co-generated its own share with a coin stream of its own.
+    assert set(ranks[0]["seeds"]).isdisjoint(ranks[1]["seeds"])
+    # The logged tandem metrics are gathered over both ranks: every rank logs the same numbers.
+    assert ranks[0]["tandem"] == ranks[1]["tandem"]
+    for row in ranks[0]["tandem"]:
+        assert 0 < row["tandem/senior_token_fraction"] < 1, row
+        assert 0 < row["tandem/junior_unit_fraction"] < 1, row
+    # Gradients were synchronized: both ranks end with the same senior, and it moved.
+    assert ranks[0]["senior_after"] == ranks[1]["senior_after"]
+    assert ranks[0]["senior_before"] == ranks[1]["senior_before"] != ranks[0]["senior_after"]
+
+
+# ------------------------------------------------------------------ tests
+
+
+@pytest.mark.distributed
+def test_two_processes_train_one_senior(tmp_path):
+    ranks = _launch(tmp_path, "multi_cpu.yaml")
+    _check_two_ranks_trained_together(ranks)
+    assert not any(r["synced"] for r in ranks)  # DDP forwards are local: no need to step together
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+@pytest.mark.parametrize("stage", [2, 3])
+def test_deepspeed_two_processes_train_one_senior(tmp_path, stage):
+    ranks = _launch(tmp_path, f"deepspeed_zero{stage}.yaml")
+    _check_two_ranks_trained_together(ranks)
+    assert all(r["zero_stage"] == stage and r["engine"] == "DeepSpeedEngine" for r in ranks), ranks
+    assert all(r["synced"] == (stage == 3) for r in ranks)
+
+
+ZERO3_EVERY_FORWARD_GATHERS = {
+    # ZeRO-3 keeps gathered parameters while they fit these limits: a tiny model is gathered once and its later
+    # forwards need no other rank. At 0, every forward gathers its shards from every rank, as a large model's does.
+    "zero_optimization": {"stage": 3, "stage3_max_live_parameters": 0, "stage3_max_reuse_distance": 0,
+                          "stage3_prefetch_bucket_size": 0, "stage3_param_persistence_threshold": 0},
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "bf16": {"enabled": False},
+    "fp16": {"enabled": False},
+}  # fmt: skip
+
+
+def _strict_zero3_config(tmp_path: Path) -> Path:
+    ds_config = tmp_path / "zero3_every_forward_gathers.json"
+    ds_config.write_text(json.dumps(ZERO3_EVERY_FORWARD_GATHERS))
+    text = (CONFIGS / "deepspeed_zero3.yaml").read_text()
+    text = text.replace("deepspeed_config:\n", f"deepspeed_config:\n  deepspeed_config_file: {ds_config}\n")
+    # Settings a deepspeed_config_file replaces may not be in the accelerate config as well.
+    replaced = ("  gradient_accumulation_steps", "  offload", "  zero_stage", "  zero3_save", "mixed_precision")
+    kept = [line for line in text.splitlines() if not line.startswith(replaced)]
+    path = tmp_path / "zero3_every_forward_gathers.yaml"
+    path.write_text("\n".join(kept) + "\n")
+    return path
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+def test_zero3_rank_that_finishes_first_keeps_stepping(tmp_path):
+    # Rank 1 stops after 2 tokens, rank 0 may write 16. Every ZeRO-3 forward of the junior gathers its shards from
+    # both ranks, so rank 1 keeps stepping (synced) until rank 0 is done. Unsynced (`unsynced=True` in the worker's
+    # spec), rank 0's third junior forward waits for shards while rank 1 has moved on to other collectives: the run
+    # dies in that forward ("Connection reset by peer" in DeepSpeed's parameter fetch on gloo) or hangs.
+    ranks = _launch(tmp_path, _strict_zero3_config(tmp_path), max_completion_length=16,
+                    max_completion_length_by_rank={"1": 2})  # fmt: skip
+    assert max(ranks[1]["lengths"]) <= 2 < max(ranks[0]["lengths"]), [r["lengths"] for r in ranks]
+    assert all(r["synced"] and r["zero_stage"] == 3 for r in ranks)
+    _check_two_ranks_trained_together(ranks)
+
+
+def test_synced_without_a_process_group_is_the_plain_loop(tiny_tokenizer):
+    import torch
+    from conftest import TINY_VOCAB, build_tiny_model
+
+    from tandem_grpo.generation import tandem_generate
+    from tandem_grpo.handoff import BoundaryTables, HandoffRule
+
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    tiny_tokenizer.padding_side = "left"
+    ids, mask = tiny_tokenizer(["ab c", "d e"], return_tensors="pt", padding=True).values()
+    outs = [
+        tandem_generate(
+            build_tiny_model(0),
+            build_tiny_model(1),
+            ids,
+            mask,
+            rule=HandoffRule("word", 0.5, 32),
+            tables=tables,
+            max_new_tokens=10,
+            eos_token_ids=[1],
+            pad_token_id=0,
+            generator=torch.Generator().manual_seed(0),
+            synced=synced,
+        )
+        for synced in (False, True)
+    ]
+    for field in ("completion_ids", "completion_mask", "authorship", "unit_starts"):
+        assert torch.equal(getattr(outs[0], field), getattr(outs[1], field)), field
+
+
+class _Collective:
+    """A model whose every forward starts with an all-reduce, as a ZeRO-3 or FSDP forward gathers its shards."""
+
+    def __init__(self, model):
+        self.model, self.forwards = model, 0
+
+    def __call__(self, **kwargs):
+        import torch
+
+        self.forwards += 1
+        torch.distributed.all_reduce(torch.zeros(1))
+        return self.model(**kwargs)
+
+
+def _gloo_worker(rank: int, port: int, out_dir: str) -> None:
+    """One of 2 gloo ranks: rank 0 stops after 2 tokens, rank 1 writes 16 (no EOS), with collective forwards;
+    synced, then not."""
+    from datetime import timedelta
+
+    import torch
+    from conftest import TINY_VOCAB, build_tiny_model, build_tiny_tokenizer
+
+    from tandem_grpo.generation import tandem_generate
+    from tandem_grpo.handoff import BoundaryTables, HandoffRule
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.distributed.init_process_group("gloo", rank=rank, world_size=2, timeout=timedelta(seconds=30))
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.padding_side = "left"
+    eos, length = ([1], 2) if rank == 0 else ([], 16)
+    tables = BoundaryTables.from_tokenizer(tokenizer, len(TINY_VOCAB), eos)
+    ids, mask = tokenizer(["ab c", "d e", "f"], return_tensors="pt", padding=True).values()
+    senior, junior = _Collective(build_tiny_model(0)), _Collective(build_tiny_model(1))
+
+    def generate(models, synced: bool):
+        return tandem_generate(*models, ids, mask, rule=HandoffRule("word", 0.5, 32), tables=tables,
+                               max_new_tokens=length, eos_token_ids=eos, pad_token_id=0,
+                               generator=torch.Generator().manual_seed(rank), synced=synced)  # fmt: skip
+
+    results = {}
+    for synced in (True, False):  # unsynced last: it leaves rank 1's process group broken
+        result = results[str(synced)] = {}
+        senior.forwards = junior.forwards = 0
+        try:
+            out = generate((senior, junior), synced)
+            result.update(length=out.completion_ids.shape[1], forwards=[senior.forwards, junior.forwards])
+            alone = generate((senior.model, junior.model), False)  # the same draws with local forwards, unsynced
+            result["same_as_alone"] = all(
+                torch.equal(getattr(out, f), getattr(alone, f))
+                for f in ("completion_ids", "completion_mask", "authorship", "unit_starts")
+            )
+        except Exception as err:  # noqa: BLE001 (reported to the test)
+            result["error"] = f"{type(err).__name__}: {err}"
+        if rank == 0 and not synced:
+            time.sleep(5)  # stay up, done, while rank 1 waits in its next collective forward
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(results))
+    torch.distributed.destroy_process_group()
+
+
+@pytest.mark.distributed
+def test_synced_generation_keeps_collective_forwards_in_step(tmp_path):
+    import torch.multiprocessing as mp
+    from conftest import free_port
+
+    mp.start_processes(_gloo_worker, args=(free_port(), str(tmp_path)), nprocs=2, start_method="spawn")
+    synced, unsynced = (
+        [json.loads((tmp_path / f"rank{r}.json").read_text())[k] for r in (0, 1)] for k in ("True", "False")
+    )
+    assert [r.get("length") for r in synced] == [2, 16], synced
+    # Rank 0 kept running forwards (pad tokens, output dropped) until rank 1 was done: as many as rank 1 ran...
+    assert synced[0]["forwards"] == synced[1]["forwards"] == [16, 16]
+    # ... and what each rank generated is what it generates alone.
+    assert synced[0]["same_as_alone"] and synced[1]["same_as_alone"]
+    # Unsynced, rank 0 stops after its 2 tokens and rank 1's next collective forward waits for it in vain.
+    assert unsynced[0].get("length") == 2 and "error" in unsynced[1], unsynced
+
+
+# ------------------------------------------------------------------ worker
+
+
+def _senior_hash(trainer) -> str:
+    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
+    params = list(model.parameters())
+    gather = None
+    if trainer._is_zero3():
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters(params)
+    digest = hashlib.sha256()
+    with gather or _null():
+        for name, param in model.named_parameters():
+            digest.update(name.encode())
+            digest.update(param.detach().float().cpu().numpy().tobytes())
+    return digest.hexdigest()
+
+
+class _null:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+def _deepspeed_on_cpu() -> dict:
+    """Make accelerate count the DeepSpeed processes on a machine without a GPU; return the config fields for it.
+
+    accelerate finds no backend for DeepSpeed without a GPU: DeepSpeed's own process group has 2 ranks, but the
+    Accelerator reports ``num_processes == 1`` (each rank loads the whole batch, seeds its coins as rank 0, and TRL's
+    frozen models fail: ``train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size``).
+    ``ACCELERATE_USE_CPU=true`` is no way out: it turns DeepSpeed off (plain DDP) while transformers still loads
+    the models ZeRO-3-partitioned (``Padding_idx must be within num_embeddings`` in the first rollout). Creating the
+    process state with the gloo backend first, and having the trainer use it, gives DeepSpeed with 2 counted ranks.
+    """
+    from accelerate import PartialState
+
+    PartialState(backend="gloo")
+    return {"accelerator_config": {"use_configured_state": True}}
+
+
+def _worker(spec: dict) -> None:
+    import torch
+    from conftest import build_tiny_tokenizer
+    from datasets import Dataset
+
+    import tandem_grpo.trainer as trainer_module
+    from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+
+    def length_reward(completions, **kwargs):
+        return [float(len(c)) for c in completions]
+
+    extra = {}
+    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" and not torch.cuda.is_available():
+        extra = _deepspeed_on_cpu()
+
+    args = TandemGRPOConfig(
+        output_dir=spec["output_dir"],
+        per_device_train_batch_size=4,
+        num_generations=4,
+        max_completion_length=spec.get("max_completion_length", 12),
+        max_steps=2,
+        logging_steps=1,
+        report_to=[],
+        save_strategy="no",
+        learning_rate=1e-2,
+        seed=3,
+        bf16=False,
+        **extra,
+        **spec.get("args", {}),
+    )
+    trainer = TandemGRPOTrainer(
+        model=spec["model"],
+        reward_funcs=length_reward,
+        args=args,
+        train_dataset=Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * 8}),
+        processing_class=build_tiny_tokenizer(),
+    )
+    rank = trainer.accelerator.process_index
+    seeds, synced = [], []
+    generate = trainer_module.tandem_generate
+
+    lengths = []
+    if str(rank) in spec.get("max_completion_length_by_rank", {}):
+        trainer.max_completion_length = spec["max_completion_length_by_rank"][str(rank)]
+
+    def recording_generate(*a, **kw):
+        seeds.extend(kw["seeds"].tolist())
+        synced.append(bool(kw.get("synced", False)))
+        if spec.get("unsynced"):  # only to show what `synced` prevents: a rank waiting forever
+            kw["synced"] = False
+        out = generate(*a, **kw)
+        lengths.append(out.completion_ids.shape[1])
+        return out
+
+    trainer_module.tandem_generate = recording_generate
+    before = _senior_hash(trainer)
+    trainer.train()
+    result = {
+        "process_index": rank,
+        "num_processes": trainer.accelerator.num_processes,
+        "distributed_type": str(trainer.accelerator.distributed_type),
+        "zero_stage": trainer.accelerator.state.deepspeed_plugin.zero_stage if trainer.is_deepspeed_enabled else None,
+        "global_step": trainer.state.global_step,
+        "engine": type(trainer.model_wrapped).__name__,
+        "junior": type(trainer.junior).__name__,
+        "seeds": seeds,
+        "synced": any(synced),
+        "lengths": lengths,
+        "tandem": [
+            {k: v for k, v in row.items() if k.startswith("tandem/")}
+            for row in trainer.state.log_history
+            if "tandem/senior_token_fraction" in row
+        ],
+        "senior_before": before,
+        "senior_after": _senior_hash(trainer),
+    }
+    Path(spec["results"], f"rank{os.environ['RANK']}.json").write_text(json.dumps(result))
+    trainer.accelerator.wait_for_everyone()
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    _worker(json.loads(sys.argv[1]))
