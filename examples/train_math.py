@@ -25,7 +25,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import arithmetic_word_problems, load_math_dataset
+from tandem_grpo.data import DATASETS, arithmetic_word_problems, load_math_dataset
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
@@ -88,9 +88,23 @@ def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextMan
     return use_tandem_vllm(args, dtype="float32", enforce_eager=True)
 
 
+class Parser(TrlParser):
+    def error(self, message: str):
+        # argparse prints the whole usage (200+ lines here) before the message: one line is enough.
+        self.exit(2, f"train_math.py: error: {message} (see --help)\n")
+
+
+def card_dataset(name: str | None) -> str | None:
+    """The hub id to name in the model card: short names map to their hub set; local files and the built-in set have
+    none."""
+    if name is None or os.path.exists(name):
+        return None
+    return DATASETS[name.lower()].repo_id if name.lower() in DATASETS else name
+
+
 def main() -> None:
     with usage_errors("train_math.py"):
-        parser = TrlParser((ScriptArguments, TandemGRPOConfig, ModelConfig))
+        parser = Parser((ScriptArguments, TandemGRPOConfig, ModelConfig))
         parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
         script_args, training_args, model_args = parser.parse_args_and_config()
         set_cpu_threads(script_args.cpu_threads)
@@ -106,7 +120,10 @@ def main() -> None:
         if model_args.attn_implementation is not None:
             training_args.model_init_kwargs["attn_implementation"] = model_args.attn_implementation
         if training_args.junior_model_name_or_path is not None:
-            training_args.junior_model_name_or_path = resolve_model_path(training_args.junior_model_name_or_path)
+            try:
+                training_args.junior_model_name_or_path = resolve_model_path(training_args.junior_model_name_or_path)
+            except OSError as err:
+                raise OSError(f"--junior_model_name_or_path: {err}") from err
         with vllm_engine_options(training_args):
             trainer = TandemGRPOTrainer(
                 model=model_args.model_name_or_path,
@@ -118,7 +135,7 @@ def main() -> None:
     resume = training_args.resume_from_checkpoint
     trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
     trainer.save_model(training_args.output_dir)
-    trainer.create_model_card(dataset_name=script_args.dataset_name or "built-in arithmetic word problems")
+    trainer.create_model_card(dataset_name=card_dataset(script_args.dataset_name))
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))

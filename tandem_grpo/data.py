@@ -367,7 +367,9 @@ def _split_file(folder: Path, split: str, label: str) -> Path:
         if candidate.is_file():
             return candidate
     available = sorted({p.stem for p in folder.glob("*.json*") if p.suffix in (".json", ".jsonl")})
-    hint = f' Pass split="{available[0]}".' if len(available) == 1 else ""
+    hint = ""
+    if len(available) == 1:
+        hint = f' Pass split="{available[0]}" (--dataset_train_split / --split on the command lines).'
     raise FileNotFoundError(
         f"{label} has no {split!r} split: {folder / (split + '.jsonl')} does not exist "
         f"(available splits: {', '.join(available) or 'none'}).{hint}"
@@ -421,14 +423,17 @@ def _load_short_name(name: str, split: str, data_dir: str | os.PathLike[str] | N
         raise ValueError(
             f"Dataset {name!r} has no {split!r} split (it has: {', '.join(hub.splits)}). Pass split={hub.splits[0]!r}."
         )
-    looked = (
-        f"The mirror {mirror} has no {name}/ folder. "
-        if mirror is not None
-        else f"No offline mirror is set (${DATA_DIR_ENV}). "
-    )
+    if mirror is None:
+        looked = f"No offline mirror is set (${DATA_DIR_ENV}). "
+    elif not mirror.is_dir():
+        looked = f"The mirror folder {mirror} does not exist. "
+    else:
+        looked = f"The mirror {mirror} has no {name}/ folder. "
+    offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+    cache = "" if offline else ", set HF_HUB_OFFLINE=1 to use datasets' cache"
     fix = (
-        f"{looked}Offline, set {DATA_DIR_ENV} to a folder holding {name}/{split}.jsonl, set HF_HUB_OFFLINE=1 to use "
-        "datasets' cache, or pass the path of a local .jsonl file."
+        f"{looked}Offline, set {DATA_DIR_ENV} to a folder holding {name}/{split}.jsonl{cache}, or pass the path of "
+        "a local .jsonl file."
     )
     return f"{hub.repo_id} ({split})", _load_hub(hub.repo_id, hub.config, split, fix)
 

@@ -98,9 +98,14 @@ def resolve_model_path(name_or_path: str) -> str:
 
     Raises:
         FileNotFoundError: ``name_or_path`` is written as a local path (``/``, ``./``, ``~`` or several ``/``) and
-            does not exist.
+            does not exist, or is a folder without ``config.json``.
         OSError: the hub is unreachable and no local fallback exists for ``name_or_path``.
     """
+    if os.path.isdir(name_or_path) and not os.path.isfile(os.path.join(name_or_path, "config.json")):
+        raise FileNotFoundError(
+            f"`{name_or_path}` is a folder without config.json, so not a model folder. Pass a folder written by "
+            "save_pretrained (config.json, weights, tokenizer files), or a hub id."
+        )
     if os.path.exists(name_or_path):
         return name_or_path
     if _looks_like_local_path(name_or_path):
@@ -116,6 +121,10 @@ def resolve_model_path(name_or_path: str) -> str:
             "Pass a local model folder, or set HF_HUB_OFFLINE=1 with the model already in the Hugging Face cache."
         )
     target = _cache_dir() / name_or_path.replace("/", "--")
+    logger.warning(
+        "The model hub cannot be reached: using %s, the GGUF copy of %s from the `%s` package de-quantized to float32 "
+        "(close to, not equal to, the hub weights).", target, name_or_path, _GGUF_FALLBACKS[name_or_path][0]
+    )
     if (target / "config.json").is_file():
         return str(target)
     target.parent.mkdir(parents=True, exist_ok=True)

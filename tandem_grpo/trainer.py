@@ -131,11 +131,6 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = TandemGRPOConfig(f"{model_name.split('/')[-1]}-TandemGRPO")
-        # A hub id the hub cannot serve here falls back to a local copy (tandem_grpo.models); the model card still
-        # names the hub id as the base model.
-        self._base_model_id = model if isinstance(model, str) and not os.path.isdir(model) else None
-        if isinstance(model, str):
-            model = resolve_model_path(model)
         if reward_funcs is not None:
             listed = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
             reward_funcs = [checked_reward_func(func) for func in listed]
@@ -159,6 +154,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 )
             if isinstance(kwargs.get("processing_class"), ProcessorMixin):
                 raise ValueError("Tandem co-generation supports text-only models; got a multimodal processor.")
+        # A hub id the hub cannot serve here falls back to a local copy (tandem_grpo.models); the model card still
+        # names the hub id as the base model.
+        self._base_model_id = model if isinstance(model, str) and not os.path.isdir(model) else None
+        if isinstance(model, str):
+            model = resolve_model_path(model)
         junior_path = None
         if args.junior_model_name_or_path is not None:
             # Check the vocabulary from tokenizers and configs alone, before any weights are loaded.
@@ -207,7 +207,9 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                     copied = frozen_copy(self.accelerator.unwrap_model(self.model))
                     self.ref_model = self._prepare_frozen(copied, fused_head=True)
             return None
-        if not self._co_generates:
+        if not self._co_generates or self.use_vllm:
+            # With vLLM the junior lives in the engine (colocated, or on the server): a copy here would only hold a
+            # second senior-sized model on every training process.
             return None
         if junior_path is not None:
             return self._prepare_frozen(self._load_like_senior(junior_path))
@@ -486,15 +488,19 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card, naming the hub id the senior was loaded from even when a local copy stood in for it."""
+        """TRL's model card, naming the hub id the senior was loaded from even when a local copy stood in for it;
+        ``model_name`` defaults to the output folder's name."""
+        # TRL titles the card "Model Card for None" and its usage snippet loads model="None" without a name.
+        model_name = model_name or os.path.basename(os.path.normpath(self.args.output_dir))
         config = self.accelerator.unwrap_model(self.model).config
-        saved = getattr(config, "_name_or_path", None)
+        saved, saved_hub_id = getattr(config, "_name_or_path", None), self.hub_model_id
         if self._base_model_id is not None:
             config._name_or_path = self._base_model_id
+        self.hub_model_id = self.hub_model_id or model_name  # the card's usage snippet loads this
         try:
             return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         finally:
-            config._name_or_path = saved
+            config._name_or_path, self.hub_model_id = saved, saved_hub_id
 
 
 def _senior_vocabulary(model, processing_class) -> tuple[PreTrainedTokenizerBase, int]:

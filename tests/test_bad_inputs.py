@@ -31,6 +31,7 @@ class Entry:
     match: str  # regex the message (or stderr's error line) must match
     run: Callable[[Path], object]  # triggers it; gets a fresh temporary folder
     needs_vllm: bool = False
+    setup: str = ""  # a folder (ending in /) to create in the temporary folder first
 
 
 # ----------------------------------------------------------------- triggers
@@ -170,6 +171,13 @@ CATALOGUE: list[Entry] = [
     # command lines: one error line, exit status 2, before any model loads
     Entry("examples/train_math.py", "`--junior_probability 2`", "one `error:` line, exit status 2",
           2, r"^train_math\.py: error: junior_probability.*2", _command(TRAIN, "--junior_probability", "2")),
+    Entry("examples/train_math.py", "`--handoff_granularity paragraph`", "one `error:` line (no usage dump), exit 2",
+          2, r"^train_math\.py: error: argument --handoff_granularity.*invalid choice: 'paragraph'",
+          _command(TRAIN, "--handoff_granularity", "paragraph")),
+    Entry("examples/train_math.py", "`--junior_model_name_or_path` an empty folder",
+          "one `error:` line naming the flag and saying the folder has no config.json, exit 2",
+          2, r"^train_math\.py: error: --junior_model_name_or_path: `empty` is a folder without config\.json",
+          _command(TRAIN, "--junior_model_name_or_path", "empty"), setup="empty/"),
     Entry("examples/train_math.py", "`--dataset_name missing.jsonl`", "one `error:` line, exit status 2",
           2, r"^train_math\.py: error: missing\.jsonl: no such file", _command(TRAIN, "--dataset_name",
                                                                               "missing.jsonl")),
@@ -201,12 +209,15 @@ def readme_table() -> str:
 def test_bad_input(entry: Entry, tmp_path):
     if entry.needs_vllm:
         skip_without_vllm()
+    if entry.setup:
+        (tmp_path / entry.setup).mkdir(parents=True)
     if isinstance(entry.error, int):
         status = entry.run(tmp_path)
         lines = [line for line in entry.run.stderr.splitlines() if line.strip()]
         assert status == entry.error, entry.run.stderr[-2000:]
         assert "Traceback" not in entry.run.stderr, entry.run.stderr[-2000:]
         assert re.search(entry.match, lines[-1]), lines[-1]
+        assert len([line for line in lines if "error:" in line]) == 1 and not lines[-1].startswith("usage:")
         return
     with pytest.raises(entry.error) as info:
         entry.run(tmp_path)

@@ -13,5 +13,11 @@ def test_missing_local_folder_is_named_as_such(path):
         resolve_model_path(path)
 
 
-def test_existing_folder_is_returned_as_is(tmp_path):
+def test_existing_model_folder_is_returned_as_is(tmp_path):
+    (tmp_path / "config.json").write_text("{}")
     assert resolve_model_path(str(tmp_path)) == str(tmp_path)
+
+
+def test_folder_without_config_is_not_a_model_folder(tmp_path):
+    with pytest.raises(FileNotFoundError, match="folder without config.json"):
+        resolve_model_path(str(tmp_path))

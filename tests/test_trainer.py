@@ -383,3 +383,6 @@ def test_model_card_names_the_hub_base_model_and_cites_the_tandem_paper(tmp_path
     assert "Tandem GRPO" in card and "2606.28166" in card and "2402.03300" in card
     assert "tandem-grpo" in card  # tag
     assert trainer.model.config._name_or_path == tiny_model_dirs[0], "the card must not rename the model itself"
+    trainer.create_model_card()
+    card = (tmp_path / "out" / "README.md").read_text()
+    assert "Model Card for out" in card and 'model="None"' not in card

@@ -76,6 +76,7 @@ with use_tandem_vllm(args, **({"dtype": "float32", "enforce_eager": True} if cpu
         processing_class=AutoTokenizer.from_pretrained(path),
     )
 assert isinstance(trainer.vllm_generation, TandemVLLMGeneration), type(trainer.vllm_generation)
+assert trainer.junior is None, "with vLLM the junior lives in the engine; no copy on the training process"
 trainer.train()
 print("RESULT " + json.dumps({"log_history": trainer.state.log_history}), flush=True)
 """

@@ -32,7 +32,7 @@ def build_parser(prog: str = "tandem-grpo evaluate") -> argparse.ArgumentParser:
     )
     models = p.add_argument_group("models")
     models.add_argument("--checkpoints", nargs="+", required=True, metavar="PATH_OR_ID", help="senior checkpoints")
-    models.add_argument("--junior", help="frozen junior (default: --base)")
+    models.add_argument("--junior", help="frozen junior (required unless --base is given; defaults to --base)")
     models.add_argument("--base", help="pre-RL model for drift (default: --junior)")
     models.add_argument("--grpo_checkpoint", help="vanilla GRPO senior, for the drift-reversal measurement")
     data = p.add_argument_group("data")
