@@ -212,3 +212,22 @@ def tandem_server(serve_args: list[str], log: Path, timeout_s: float = 600) -> I
                 proc.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def tiny_tandem_config(output_dir, **overrides):
+    """The TandemGRPOConfig the tiny-model trainer tests share: 4 prompts x 4 generations of 12 tokens, one step,
+    no checkpoints, seed 3; ``overrides`` replace any field."""
+    from tandem_grpo import TandemGRPOConfig
+
+    kwargs = dict(
+        output_dir=str(output_dir), per_device_train_batch_size=4, num_generations=4, max_completion_length=12,
+        max_steps=1, logging_steps=1, report_to=[], save_strategy="no", learning_rate=1e-2, seed=3,
+    )  # fmt: skip
+    return TandemGRPOConfig(**{**kwargs, **overrides})
+
+
+def tiny_prompts(n: int = 8):
+    """Prompts over the tiny vocabulary (words, a sentence end, a newline), as a TRL dataset."""
+    from datasets import Dataset
+
+    return Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * (n // 4)})

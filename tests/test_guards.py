@@ -8,11 +8,10 @@ import math
 
 import pytest
 import torch
-from conftest import build_tiny_tokenizer
-from datasets import Dataset
+from conftest import build_tiny_tokenizer, tiny_prompts, tiny_tandem_config
 from trl import GRPOTrainer
 
-from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+from tandem_grpo import TandemGRPOTrainer
 from tandem_grpo.guards import check_reward_output, checked_reward_func
 
 
@@ -21,24 +20,11 @@ def length_reward(completions, **kwargs):
 
 
 def _trainer(tmp_path, model_dir, reward=length_reward, **overrides) -> TandemGRPOTrainer:
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=12,
-        max_steps=1,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        learning_rate=1e-2,
-        seed=3,
-    )
-    kwargs.update(overrides)
     return TandemGRPOTrainer(
         model=model_dir,
         reward_funcs=reward,
-        args=TandemGRPOConfig(**kwargs),
-        train_dataset=Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * 2}),
+        args=tiny_tandem_config(tmp_path / "out", **overrides),
+        train_dataset=tiny_prompts(),
         processing_class=build_tiny_tokenizer(),
     )
 

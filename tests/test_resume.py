@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest import build_tiny_tokenizer
+from conftest import build_tiny_tokenizer, tiny_prompts, tiny_tandem_config
 from datasets import Dataset
 from transformers import TrainerCallback
 
@@ -19,27 +19,13 @@ def length_reward(completions, **kwargs):
 
 
 def _dataset(n: int = 8) -> Dataset:
-    return Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * (n // 4)})
+    return tiny_prompts(n)
 
 
 def _config(output_dir, **overrides) -> TandemGRPOConfig:
-    kwargs = dict(
-        output_dir=str(output_dir),
-        per_device_train_batch_size=4,
-        per_device_eval_batch_size=4,
-        num_generations=4,
-        max_completion_length=12,
-        max_steps=4,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="steps",
-        save_steps=2,
-        learning_rate=1e-2,
-        seed=3,
-        tandem_eval_rollouts=True,
-    )
-    kwargs.update(overrides)
-    return TandemGRPOConfig(**kwargs)
+    resumable = dict(per_device_eval_batch_size=4, max_steps=4, save_strategy="steps", save_steps=2,
+                     tandem_eval_rollouts=True)  # fmt: skip
+    return tiny_tandem_config(output_dir, **{**resumable, **overrides})
 
 
 def _trainer(model_dir, output_dir, callbacks=None, **overrides) -> TandemGRPOTrainer:

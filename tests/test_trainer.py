@@ -6,7 +6,14 @@ import inspect
 
 import pytest
 import torch
-from conftest import TINY_VOCAB, build_tiny_model, build_tiny_tokenizer, pad_vocabulary
+from conftest import (
+    TINY_VOCAB,
+    build_tiny_model,
+    build_tiny_tokenizer,
+    pad_vocabulary,
+    tiny_prompts,
+    tiny_tandem_config,
+)
 from datasets import Dataset
 from trl import GRPOConfig, GRPOTrainer
 
@@ -18,24 +25,11 @@ def length_reward(completions, **kwargs):
 
 
 def _config(tmp_path, **overrides) -> TandemGRPOConfig:
-    kwargs = dict(
-        output_dir=str(tmp_path / "out"),
-        per_device_train_batch_size=4,
-        num_generations=4,
-        max_completion_length=12,
-        max_steps=1,
-        logging_steps=1,
-        report_to=[],
-        save_strategy="no",
-        learning_rate=1e-2,
-        seed=3,
-    )
-    kwargs.update(overrides)
-    return TandemGRPOConfig(**kwargs)
+    return tiny_tandem_config(tmp_path / "out", **overrides)
 
 
 def _dataset(n: int = 8) -> Dataset:
-    return Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * (n // 4)})
+    return tiny_prompts(n)
 
 
 def _trainer(tmp_path, model_dirs, **overrides) -> TandemGRPOTrainer:
