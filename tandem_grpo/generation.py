@@ -216,8 +216,9 @@ def tandem_generate(
     tokens, authors, starts, alive = [], [], [], []
     all_done = _all_done_reducer(device) if synced else bool
     done = max_new_tokens <= 0
+    pad_ids = torch.full((batch, 1), pad_token_id, dtype=torch.long, device=device)  # a done process's input
     while True:  # exactly one `all_done` per pass: under `synced` every process makes the same calls
-        step_ids = torch.full((batch, 1), pad_token_id, dtype=torch.long, device=device)
+        step_ids = pad_ids
         if not done:
             mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
             token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
