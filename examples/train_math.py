@@ -26,6 +26,7 @@ from trl import ModelConfig, TrlParser, get_peft_config
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.cli import usage_errors
 from tandem_grpo.data import DATASETS, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
@@ -105,7 +106,9 @@ def card_dataset(name: str | None) -> str | None:
 def main() -> None:
     with usage_errors("train_math.py"):
         parser = Parser((ScriptArguments, TandemGRPOConfig, ModelConfig))
-        parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS)
+        # Before the config is built: DeepSpeed or FSDP processes on a machine without a GPU need the process state
+        # created with gloo first (tandem_grpo.distributed); elsewhere this adds nothing.
+        parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS, **cpu_process_state())
         script_args, training_args, model_args = parser.parse_args_and_config()
         set_cpu_threads(script_args.cpu_threads)
 

@@ -5,7 +5,12 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import math
+import os
+import struct
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
@@ -74,6 +79,91 @@ def check_junior_vocabulary(
     junior_width = logits_width(AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code))
     check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width, junior_width)
     return path
+
+
+_GIB = 2**30
+
+
+def junior_weight_bytes(name_or_path: str, dtype: torch.dtype) -> int | None:
+    """Bytes a model's weights take once loaded in ``dtype``, found without loading them.
+
+    The parameter count comes from the safetensors headers (a local folder's ``*.safetensors`` files, or the hub's
+    metadata for a hub id), times ``dtype``'s element size. A folder with only ``*.bin`` / ``*.pt`` weights is
+    counted by file size (their dtype is not known without loading them).
+
+    Args:
+        name_or_path: a model folder or hub id.
+        dtype: the dtype the model will be loaded in (the senior's).
+
+    Returns:
+        The size in bytes, or ``None`` when it cannot be told (no weight files, hub metadata unavailable).
+    """
+    itemsize = torch.empty((), dtype=dtype).element_size()
+    if os.path.isdir(name_or_path):
+        folder = Path(name_or_path)
+        counts = [_safetensors_parameter_count(f) for f in sorted(folder.glob("*.safetensors"))]
+        if counts:
+            return sum(counts) * itemsize
+        files = [f for pattern in ("*.bin", "*.pt") for f in folder.glob(pattern)]
+        return sum(f.stat().st_size for f in files) or None
+    try:
+        from huggingface_hub import get_safetensors_metadata
+
+        return sum(get_safetensors_metadata(name_or_path).parameter_count.values()) * itemsize
+    except Exception:  # noqa: BLE001 (no hub, no safetensors, gated: the size is unknown, not an error)
+        return None
+
+
+def _safetensors_parameter_count(path: Path) -> int:
+    # A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor shapes.
+    with open(path, "rb") as handle:
+        header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+    return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
+
+
+def free_memory_bytes(device: torch.device | str) -> int | None:
+    """Free memory of ``device`` in bytes: ``torch.cuda.mem_get_info`` on CUDA, the system's available memory
+    (``psutil.virtual_memory().available``) on the CPU, ``None`` for other devices."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    if device.type == "cpu":
+        import psutil  # an accelerate dependency
+
+        return int(psutil.virtual_memory().available)
+    return None
+
+
+def check_junior_fits(
+    name: str, weight_bytes: int, free_bytes: int, device: torch.device | str, copies: float = 1.0
+) -> None:
+    """Raise unless ``copies`` copies of a junior's weights fit in the free memory of ``device``.
+
+    A pure function of its arguments, so that the check is tested without the hardware; the trainer passes
+    [`junior_weight_bytes`][tandem_grpo.junior.junior_weight_bytes] and
+    [`free_memory_bytes`][tandem_grpo.junior.free_memory_bytes].
+
+    Args:
+        name: the junior's name or path, for the message.
+        weight_bytes: the junior's weights in bytes, in the dtype it will be loaded in.
+        free_bytes: the device's free memory in bytes.
+        device: the device the junior would be loaded on, for the message.
+        copies: how many copies of the weights that free memory must hold: 1 for a GPU of its own; the processes of
+            this machine for its CPU memory; divided by the number of shards under DeepSpeed ZeRO-3.
+
+    Raises:
+        ValueError: ``weight_bytes * copies > free_bytes``, naming the junior, both sizes in GiB and the fixes.
+    """
+    needed = weight_bytes * copies
+    if needed <= free_bytes:
+        return
+    each = "" if copies == 1 else f" ({copies:g} x {weight_bytes / _GIB:.2f} GiB on this device)"
+    raise ValueError(
+        f"The junior `{name}` does not fit: its weights need {needed / _GIB:.2f} GiB{each} but {device} has "
+        f"{free_bytes / _GIB:.2f} GiB free. Use a smaller junior, self-pairing (leave junior_model_name_or_path "
+        "unset: a copy of the senior, or the base with the adapter disabled under LoRA), or vLLM server mode "
+        "(use_vllm=True, vllm_mode='server': the server's GPUs hold the junior)."
+    )
 
 
 def load_frozen(path: str, dtype: torch.dtype, device: torch.device | str) -> PreTrainedModel:

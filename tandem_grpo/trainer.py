@@ -30,10 +30,21 @@ from trl.trainer.utils import add_fused_lm_head, get_config_model_id, pad
 from .authorship import authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
+from .distributed import broadcast_weights
 from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables, replay_authorship
-from .junior import check_junior_vocabulary, frozen_copy, load_frozen, logits_width, probe_logits, same_function
+from .junior import (
+    check_junior_fits,
+    check_junior_vocabulary,
+    free_memory_bytes,
+    frozen_copy,
+    junior_weight_bytes,
+    load_frozen,
+    logits_width,
+    probe_logits,
+    same_function,
+)
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .sampling import SamplingSettings
@@ -226,9 +237,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             # cost. An adapter that already changes the model is copied with it (below).
             self._junior_context = "disable_adapter"
             return None
-        if self.ref_model is not None and not self.args.sync_ref_model:
+        if self.ref_model is not None and not self.args.sync_ref_model and not self.is_fsdp_enabled:
             # beta > 0: TRL's reference model, loaded from the senior's checkpoint, is the initial senior unless the
-            # senior was modified after loading (then the probe differs and a copy is made below).
+            # senior was modified after loading (then the probe differs and a copy is made below). Not under FSDP:
+            # with cpu_ram_efficient_loading, ranks other than 0 hold zeros here, so the probe could differ by rank
+            # and ranks would pick different juniors (TRL's reference is also sharded from those zeros).
             reference = self.accelerator.unwrap_model(self.ref_model)
             if same_function(initial, probe_logits(reference, self._vocab_width)):
                 return self.ref_model
@@ -247,7 +260,24 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             )
 
     def _load_like_senior(self, path: str):
-        return load_frozen(path, dtype=self.model.dtype, device=self.accelerator.device)
+        """Load ``path`` frozen, in the senior's dtype and on its device, after checking that it fits there.
+
+        Raises:
+            ValueError: the weights do not fit in the device's free memory (`check_junior_fits`).
+        """
+        device = self.accelerator.device
+        weight_bytes, free_bytes = junior_weight_bytes(path, self.model.dtype), free_memory_bytes(device)
+        if weight_bytes is not None and free_bytes is not None:
+            # A GPU per process; the processes of one machine share its CPU memory. ZeRO-3 loads a shard per process.
+            copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+            check_junior_fits(path, weight_bytes, free_bytes, device, copies / self._zero3_shards())
+        return load_frozen(path, dtype=self.model.dtype, device=device)
+
+    def _zero3_shards(self) -> int:
+        # Partitioned while loading only under zero.Init (zero3_init_flag); otherwise whole until prepared.
+        if self._is_zero3() and self.accelerator.state.deepspeed_plugin.zero3_init_flag:
+            return self.accelerator.num_processes
+        return 1
 
     def _prepare_frozen(self, model, fused_head: bool = False):
         if fused_head:
@@ -255,6 +285,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(model, self.accelerator)
         if self.is_fsdp_enabled:
+            # Rank 0's weights on every rank before sharding (zeros elsewhere under cpu_ram_efficient_loading).
+            broadcast_weights(model)
             return prepare_fsdp(model, self.accelerator)
         return self.accelerator.prepare_model(model, evaluation_mode=True)
 
@@ -341,12 +373,10 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             torch.no_grad(),
             self._dist.summon_full_params(self.model_wrapped, recurse=False),
         ):
-            junior, junior_context = self.junior, None
-            if self._junior_context == "disable_adapter":
-                junior, junior_context = senior, senior.disable_adapter
             out = tandem_generate(
                 senior,
-                junior,
+                # None: the junior is the LoRA senior's base, run in the senior's own forward (mixed-adapter batch).
+                None if self._junior_context == "disable_adapter" else self.junior,
                 input_ids,
                 attention_mask,
                 rule=self.args.handoff_rule,
@@ -357,7 +387,6 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 pad_token_id=self._tokenizer.pad_token_id,
                 seeds=torch.tensor(seeds),
                 generator=generator,
-                junior_context=junior_context,
                 # A forward of a ZeRO-3 or FSDP model (the junior always, the senior without a gathered copy) is a
                 # collective: every process steps until the last one is done, as transformers' `synced_gpus`.
                 synced=self.accelerator.num_processes > 1 and (self._is_zero3() or self.is_fsdp_enabled),

@@ -61,6 +61,24 @@ def _junior_with_other_vocabulary(tmp):
     check_junior_vocabulary(build_tiny_tokenizer(), 40, str(tmp / "junior"))
 
 
+def _junior_too_big(tmp):
+    # The device's free memory is stood in (1 KiB) so the tiny junior does not fit; the check is the trainer's own.
+    from unittest import mock
+
+    from datasets import Dataset
+
+    from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+
+    for name, seed in (("senior", 0), ("junior", 1)):
+        build_tiny_model(seed).save_pretrained(tmp / name)
+        build_tiny_tokenizer().save_pretrained(tmp / name)
+    args = TandemGRPOConfig(output_dir=str(tmp / "out"), report_to=[], junior_model_name_or_path=str(tmp / "junior"),
+                            per_device_train_batch_size=4, num_generations=4)  # fmt: skip
+    with mock.patch("tandem_grpo.trainer.free_memory_bytes", return_value=1024):
+        TandemGRPOTrainer(model=str(tmp / "senior"), reward_funcs=lambda completions, **k: [0.0] * len(completions),
+                          args=args, train_dataset=Dataset.from_dict({"prompt": ["a"] * 4}))  # fmt: skip
+
+
 def _file(content: str | None, name: str = "data.jsonl", **kwargs):
     def run(tmp):
         from tandem_grpo.data import load_math_dataset
@@ -144,6 +162,11 @@ CATALOGUE: list[Entry] = [
     Entry("TandemGRPOTrainer", "a junior whose tokenizer differs from the senior's",
           "`ValueError` before any weights load, naming the differing ids",
           ValueError, r"tokenizers map 1 ids to different tokens \(id 25", _junior_with_other_vocabulary),
+    Entry("TandemGRPOTrainer", "a junior larger than the device's free memory",
+          "`ValueError` before its weights load, naming the junior, its size and the free memory in GiB, and the "
+          "fixes: a smaller junior, self-pairing, vLLM server mode",
+          ValueError, r"junior `.*junior` does not fit.*GiB.*GiB free.*self-pairing.*vllm_mode='server'",
+          _junior_too_big),
     # data
     Entry("load_math_dataset", "a path that does not exist", "`FileNotFoundError`: no such file or folder",
           FileNotFoundError, r"no such file", _file(None)),

@@ -1,4 +1,4 @@
-"""Several processes: 2 real CPU processes (gloo) train TandemGRPOTrainer, plainly and under DeepSpeed ZeRO-2/3.
+"""Several processes: 2 real CPU processes (gloo) train TandemGRPOTrainer, plainly, under DeepSpeed ZeRO-2/3 and FSDP2.
 
 Each test launches ``accelerate launch --config_file examples/accelerate_configs/<config> --num_processes 2`` on this
 file; the ``__main__`` block below is the worker every rank runs. It trains a tiny random Llama for 2 steps and
@@ -6,11 +6,12 @@ writes, per rank, what the accelerator saw (number of processes, rank), the coin
 metrics and a hash of the senior's weights before and after training; the test compares the ranks' files.
 
 On a machine without a GPU, accelerate counts the processes only when told they are CPU processes:
-``ACCELERATE_USE_CPU=true`` for the plain (DDP) launch; under DeepSpeed, where that variable turns DeepSpeed off, the
-worker creates the process state with the gloo backend first (``_deepspeed_on_cpu``). Otherwise each rank's
-Accelerator reports one process and a "2-process" run trains two copies that never exchange data, passing for the
-wrong reason: the tests assert ``num_processes == 2`` as the trainer saw it, and that DeepSpeed really ran.
-Multi-process tests are marked ``distributed`` (each launch takes about 30-60 s on 2 shared CPU cores).
+``ACCELERATE_USE_CPU=true`` for the plain (DDP) launch; under DeepSpeed and FSDP, where that variable turns them off,
+the worker calls :func:`tandem_grpo.distributed.cpu_process_state` first, as ``examples/train_math.py`` does.
+Otherwise each rank's Accelerator reports one process and a "2-process" run trains two copies that never exchange
+data, passing for the wrong reason: the tests assert ``num_processes == 2`` as the trainer saw it, and that DeepSpeed
+or FSDP really ran. Multi-process tests are marked ``distributed`` (each launch takes about 20-80 s on 2 shared CPU
+cores).
 """
 
 from __future__ import annotations
@@ -59,8 +60,8 @@ def _launch(tmp_path: Path, config: str | Path, **worker) -> list[dict]:
     env = child_env()
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
     config = CONFIGS / config
-    if "deepspeed" not in config.read_text():
-        env["ACCELERATE_USE_CPU"] = "true"  # (DeepSpeed on a CPU: see _deepspeed_on_cpu)
+    if "distributed_type: MULTI_GPU" in config.read_text():
+        env["ACCELERATE_USE_CPU"] = "true"  # DDP; DeepSpeed and FSDP: tandem_grpo.distributed.cpu_process_state
     command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file", str(config),
                "--num_processes", "2", "--main_process_port", str(free_port()),
                __file__, json.dumps(spec)]  # fmt: skip
@@ -88,7 +89,9 @@ def _tail(stdout: bytes | None, chars: int = 8000) -> str:
     return (stdout or b"").decode(errors="replace")[-chars:]
 
 
-def _check_two_ranks_trained_together(ranks: list[dict]) -> None:
+def _check_two_ranks_trained_together(ranks: list[dict], loaded_on_rank_0: bool = False) -> None:
+    """``loaded_on_rank_0``: the senior's weights are on rank 0 only until the engine is prepared (FSDP's
+    cpu_ram_efficient_loading: the other ranks hold zeros until accelerate broadcasts rank 0's)."""
     assert [r["process_index"] for r in ranks] == [0, 1]
     assert all(r["num_processes"] == 2 for r in ranks), [r["distributed_type"] for r in ranks]
     assert all(r["global_step"] == 2 for r in ranks)
@@ -101,7 +104,8 @@ def _check_two_ranks_trained_together(ranks: list[dict]) -> None:
         assert 0 < row["tandem/junior_unit_fraction"] < 1, row
     # Gradients were synchronized: both ranks end with the same senior, and it moved.
     assert ranks[0]["senior_after"] == ranks[1]["senior_after"]
-    assert ranks[0]["senior_before"] == ranks[1]["senior_before"] != ranks[0]["senior_after"]
+    assert loaded_on_rank_0 or ranks[0]["senior_before"] == ranks[1]["senior_before"]
+    assert ranks[0]["senior_before"] != ranks[0]["senior_after"]
 
 
 # ------------------------------------------------------------------ tests
@@ -122,6 +126,103 @@ def test_deepspeed_two_processes_train_one_senior(tmp_path, stage):
     _check_two_ranks_trained_together(ranks)
     assert all(r["zero_stage"] == stage and r["engine"] == "DeepSpeedEngine" for r in ranks), ranks
     assert all(r["synced"] == (stage == 3) for r in ranks)
+
+
+@pytest.mark.distributed
+def test_fsdp2_two_processes_train_one_senior(tmp_path):
+    # TRL's fsdp2.yaml loads the weights on rank 0 only (fsdp_cpu_ram_efficient_loading): the other ranks hold zeros
+    # until accelerate broadcasts the senior's. The junior copied from the senior must be the initial senior on
+    # every rank too, not zeros on rank 1.
+    ranks = _launch(tmp_path, "fsdp2.yaml")
+    _check_two_ranks_trained_together(ranks, loaded_on_rank_0=True)
+    assert all(r["distributed_type"] == "DistributedType.FSDP" and r["fsdp_version"] == 2 for r in ranks), ranks
+    assert all(r["synced"] for r in ranks)  # every FSDP forward gathers shards: the ranks step together
+    assert all(r["junior"].startswith("FSDP") for r in ranks), [r["junior"] for r in ranks]
+    assert ranks[0]["junior_hash"] == ranks[1]["junior_hash"] == ranks[0]["senior_before"], ranks
+
+
+def _tiny_qwen3(path: Path) -> Path:
+    """A tiny random Qwen3 (another architecture and size than the tiny Llama senior) with the tiny tokenizer.
+
+    (Qwen3, not Qwen2: transformers loads a Qwen2 folder's tokenizer as Qwen2Tokenizer, which adds
+    ``<|endoftext|>``, so the vocabularies would differ.)"""
+    import torch
+    from conftest import TINY_VOCAB, build_tiny_tokenizer
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    torch.manual_seed(5)
+    config = Qwen3Config(vocab_size=len(TINY_VOCAB), hidden_size=24, intermediate_size=48, num_hidden_layers=3,
+                         num_attention_heads=2, num_key_value_heads=1, head_dim=12, max_position_embeddings=512,
+                         pad_token_id=0, eos_token_id=1, bos_token_id=None, tie_word_embeddings=True)  # fmt: skip
+    model = Qwen3ForCausalLM(config)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.mul_(40)  # tied to the head: sharp logits, as the tiny Llamas'
+    model.save_pretrained(path)
+    build_tiny_tokenizer().save_pretrained(path)
+    return path
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+def test_zero3_junior_of_another_architecture(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    junior = _tiny_qwen3(tmp_path / "qwen3-junior")
+    ranks = _launch(tmp_path, "deepspeed_zero3.yaml", args={"junior_model_name_or_path": str(junior)})
+    _check_two_ranks_trained_together(ranks)
+    assert all(r["zero_stage"] == 3 and r["junior"] == "DeepSpeedEngine" for r in ranks), ranks
+    # Each rank held a partition of the Qwen3 junior; gathered, it is the checkpoint's, on both ranks.
+    on_disk = weights_hash(AutoModelForCausalLM.from_pretrained(junior))
+    assert ranks[0]["junior_hash"] == ranks[1]["junior_hash"] == on_disk
+
+
+@needs_deepspeed
+@pytest.mark.distributed
+def test_train_math_under_deepspeed_zero2_trains_on_two_processes(tmp_path):
+    """The README's command: `accelerate launch --config_file .../deepspeed_zero2.yaml examples/train_math.py`."""
+    from conftest import build_tiny_model, build_tiny_tokenizer, child_env, free_port
+
+    model = tmp_path / "model"
+    tokenizer = build_tiny_tokenizer()
+    tokenizer.chat_template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"  # train_math's prompts are chats
+    build_tiny_model(0).save_pretrained(model)
+    tokenizer.save_pretrained(model)
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+               str(CONFIGS / "deepspeed_zero2.yaml"), "--main_process_port", str(free_port()),
+               str(REPO / "examples" / "train_math.py"), "--model_name_or_path", str(model), "--max_steps", "1",
+               "--per_device_train_batch_size", "4", "--gradient_accumulation_steps", "1", "--num_generations", "4",
+               "--max_completion_length", "8", "--num_problems", "16", "--log_completions", "false",
+               "--log_level", "info", "--save_strategy", "steps", "--save_steps", "1",
+               "--output_dir", str(out)]  # fmt: skip
+    env = {**child_env(), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    start = time.time()
+    result = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=LAUNCH_TIMEOUT_S)
+    output = result.stdout + result.stderr
+    (tmp_path / "launch.log").write_text(output)
+    print(f"train_math.py under ZeRO-2: {time.time() - start:.0f} s (exit {result.returncode})")
+    history = json.loads((out / "log_history.json").read_text())
+    # 4 completions per process and step: 8 only when the 2 processes were counted (4 when each trained alone).
+    assert "Total train batch size (w. parallel, distributed & accumulation) = 8" in output, output[-6000:]
+    # DeepSpeed's checkpoint holds one ZeRO optimizer partition per rank.
+    partitions = sorted(p.name for p in (out / "checkpoint-1").glob("global_step1/*zero_pp_rank_*optim_states.pt"))
+    assert len(partitions) == 2, (partitions, output[-6000:])
+    assert 0 < history[0]["tandem/senior_token_fraction"] < 1, history
+    assert result.returncode == 0, output[-6000:]
+
+
+def test_cpu_process_state_is_needed_only_for_deepspeed_and_fsdp_without_a_gpu():
+    from tandem_grpo.distributed import cpu_process_state, needs_cpu_process_state
+
+    two = {"WORLD_SIZE": "2", "LOCAL_RANK": "0"}
+    assert needs_cpu_process_state({**two, "ACCELERATE_USE_DEEPSPEED": "true"}, has_accelerator=False) == "deepspeed"
+    assert needs_cpu_process_state({**two, "ACCELERATE_USE_FSDP": "true"}, has_accelerator=False) == "fsdp"
+    assert needs_cpu_process_state({**two, "ACCELERATE_USE_DEEPSPEED": "true"}, has_accelerator=True) is None
+    assert needs_cpu_process_state({"ACCELERATE_USE_DEEPSPEED": "true"}, has_accelerator=False) is None  # 1 process
+    assert needs_cpu_process_state(two, has_accelerator=False) is None  # DDP: ACCELERATE_USE_CPU does it
+    cpu_ddp = {**two, "ACCELERATE_USE_FSDP": "true", "ACCELERATE_USE_CPU": "true"}
+    assert needs_cpu_process_state(cpu_ddp, has_accelerator=False) is None
+    assert cpu_process_state() == {}  # this process was not launched by accelerate
 
 
 ZERO3_EVERY_FORWARD_GATHERS = {
@@ -276,18 +377,24 @@ def test_synced_generation_keeps_collective_forwards_in_step(tmp_path):
 
 
 def _senior_hash(trainer) -> str:
-    model = trainer.accelerator.unwrap_model(trainer.model_wrapped)
-    params = list(model.parameters())
+    return weights_hash(trainer.accelerator.unwrap_model(trainer.model_wrapped), trainer._is_zero3())
+
+
+def weights_hash(model, zero3: bool = False) -> str:
+    """SHA-256 of every parameter's name and full value (float32): ZeRO-3 partitions are gathered, FSDP2 shards
+    (DTensors) made whole; both are collectives that every rank runs."""
+    model = getattr(model, "module", model)  # a DeepSpeed engine's model
     gather = None
-    if trainer._is_zero3():
+    if zero3:
         import deepspeed
 
-        gather = deepspeed.zero.GatheredParameters(params)
+        gather = deepspeed.zero.GatheredParameters(list(model.parameters()))
     digest = hashlib.sha256()
     with gather or _null():
         for name, param in model.named_parameters():
+            value = param.full_tensor() if hasattr(param, "full_tensor") else param
             digest.update(name.encode())
-            digest.update(param.detach().float().cpu().numpy().tobytes())
+            digest.update(value.detach().float().cpu().numpy().tobytes())
     return digest.hexdigest()
 
 
@@ -299,37 +406,18 @@ class _null:
         return False
 
 
-def _deepspeed_on_cpu() -> dict:
-    """Make accelerate count the DeepSpeed processes on a machine without a GPU; return the config fields for it.
-
-    accelerate finds no backend for DeepSpeed without a GPU: DeepSpeed's own process group has 2 ranks, but the
-    Accelerator reports ``num_processes == 1`` (each rank loads the whole batch, seeds its coins as rank 0, and TRL's
-    frozen models fail: ``train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size``).
-    ``ACCELERATE_USE_CPU=true`` is no way out: it turns DeepSpeed off (plain DDP) while transformers still loads
-    the models ZeRO-3-partitioned (``Padding_idx must be within num_embeddings`` in the first rollout). Creating the
-    process state with the gloo backend first, and having the trainer use it, gives DeepSpeed with 2 counted ranks.
-    """
-    from accelerate import PartialState
-
-    PartialState(backend="gloo")
-    return {"accelerator_config": {"use_configured_state": True}}
-
-
 def _worker(spec: dict) -> None:
-    import torch
     from conftest import build_tiny_tokenizer
     from datasets import Dataset
 
     import tandem_grpo.trainer as trainer_module
     from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+    from tandem_grpo.distributed import cpu_process_state
 
     def length_reward(completions, **kwargs):
         return [float(len(c)) for c in completions]
 
-    extra = {}
-    if os.environ.get("ACCELERATE_USE_DEEPSPEED") == "true" and not torch.cuda.is_available():
-        extra = _deepspeed_on_cpu()
-
+    extra = cpu_process_state()  # DeepSpeed and FSDP on CPU processes (nothing for DDP: ACCELERATE_USE_CPU is set)
     args = TandemGRPOConfig(
         output_dir=spec["output_dir"],
         per_device_train_batch_size=4,
@@ -371,6 +459,7 @@ def _worker(spec: dict) -> None:
 
     trainer_module.tandem_generate = recording_generate
     before = _senior_hash(trainer)
+    junior = weights_hash(trainer.junior, trainer._is_zero3()) if trainer.junior is not None else None
     trainer.train()
     result = {
         "process_index": rank,
@@ -380,6 +469,8 @@ def _worker(spec: dict) -> None:
         "global_step": trainer.state.global_step,
         "engine": type(trainer.model_wrapped).__name__,
         "junior": type(trainer.junior).__name__,
+        "junior_hash": junior,
+        "fsdp_version": trainer.accelerator.state.fsdp_plugin.fsdp_version if trainer.is_fsdp_enabled else None,
         "seeds": seeds,
         "synced": any(synced),
         "lengths": lengths,

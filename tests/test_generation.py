@@ -231,3 +231,104 @@ def test_logits_narrower_than_the_tables_are_refused(models, tiny_tokenizer):
         tandem_generate(
             models[0], narrow, ids, mask, rule=HandoffRule(), tables=wide_tables, eos_token_ids=[1], pad_token_id=0
         )
+
+
+def _lora_senior(seed: int = 2):
+    from peft import LoraConfig, get_peft_model
+
+    model = get_peft_model(build_tiny_model(0), LoraConfig(r=4, lora_alpha=8, target_modules="all-linear"))
+    torch.manual_seed(seed)
+    with torch.no_grad():  # a trained adapter: B != 0, so the senior and its base really differ
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 0.5)
+    return model.train()  # the trainer's senior is in training mode; generation must not depend on it
+
+
+def _forward_counter(model):
+    calls = []
+    hook = model.get_base_model().model.register_forward_hook
+    handle = hook(lambda module, args, kwargs, out: calls.append(kwargs["input_ids"].shape), with_kwargs=True)
+    return calls, handle
+
+
+def test_lora_senior_with_base_junior_is_one_forward_with_the_two_pass_distribution(tiny_tokenizer, tables):
+    """A LoRA senior whose junior is its base (`junior=None`) runs one forward per step over both models' rows, and
+    draws exactly what the two-pass loop (junior = senior under `disable_adapter`) draws."""
+    from tandem_grpo.generation import mixed_adapter_batches
+
+    senior = _lora_senior()
+    assert mixed_adapter_batches(senior)
+    ids, mask = _prompts(tiny_tokenizer, 12)
+    rule = HandoffRule("word", 0.5, 32)
+    kw = dict(rule=rule, tables=tables, max_new_tokens=24, eos_token_ids=[1], pad_token_id=0,
+              seeds=torch.arange(12) + 7)  # fmt: skip
+
+    calls, handle = _forward_counter(senior)
+    one = tandem_generate(senior, None, ids, mask, generator=torch.Generator().manual_seed(3), **kw)
+    one_calls = list(calls)
+    calls.clear()
+    senior.eval()  # the reference two-pass loop, without dropout
+    two = tandem_generate(senior, senior, ids, mask, generator=torch.Generator().manual_seed(3),
+                          junior_context=senior.disable_adapter, **kw)  # fmt: skip
+    handle.remove()
+    steps = one.completion_ids.shape[1]
+    assert len(one_calls) == steps and all(shape[0] == 2 * 12 for shape in one_calls), "one pass of 2B rows per step"
+    assert len(calls) == 2 * steps, "the reference ran two passes per step"
+    assert torch.equal(one.completion_ids, two.completion_ids)
+    assert torch.equal(one.authorship, two.authorship)
+    assert torch.equal(one.completion_mask, two.completion_mask)
+    written = one.authorship[one.completion_mask.bool()]
+    assert 0 < int(written.sum()) < written.numel(), "both models wrote"
+
+
+def test_mixed_adapter_batch_logits_match_each_model_step_by_step(tiny_tokenizer):
+    """Teacher-forced: at the prefill and every decode step, the senior rows give the adapter's logits and the junior
+    rows the base's, as two separate passes do; and the adapter really changes the logits."""
+    from tandem_grpo.generation import _senior_and_base, _two_models
+
+    senior = _lora_senior().eval()
+    ids, mask = _prompts(tiny_tokenizer, 5)
+    reference = _teacher_forced(_two_models(senior, senior, senior.disable_adapter), ids, mask)
+    with _senior_and_base(senior, 5) as one:
+        mixed = _teacher_forced(one, ids, mask)
+    assert all(not module._forward_hooks for module in senior.modules()), "no hook left on the senior"
+    for (s1, j1), (s2, j2) in zip(mixed, reference, strict=True):
+        torch.testing.assert_close(s1, s2, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(j1, j2, atol=1e-5, rtol=1e-5)
+        assert (s1 - j1).abs().max() > 1e-2, "the adapter changes the senior"
+
+
+def _teacher_forced(forward, ids, mask, steps: int = 6) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Logits of the prefill and ``steps - 1`` decode steps on fixed tokens."""
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    step_ids, out = ids, []
+    with torch.no_grad():
+        for step in range(steps):
+            out.append(forward(step_ids, mask, positions))
+            step_ids = torch.full((ids.shape[0], 1), 3 + step)
+            mask = torch.cat([mask, torch.ones(ids.shape[0], 1, dtype=mask.dtype)], dim=1)
+            positions = positions[:, -1:] + 1
+    return out
+
+
+def test_lora_generation_restores_training_mode_and_falls_back_for_dora(tiny_tokenizer, tables):
+    from peft import LoraConfig, get_peft_model
+
+    from tandem_grpo.generation import mixed_adapter_batches
+
+    senior = _lora_senior()
+    ids, mask = _prompts(tiny_tokenizer, 4)
+    kw = dict(rule=HandoffRule("word", 0.5, 32), tables=tables, max_new_tokens=6, eos_token_ids=[1], pad_token_id=0)
+    tandem_generate(senior, None, ids, mask, **kw)
+    assert senior.training, "training mode restored"
+    dora = get_peft_model(build_tiny_model(0), LoraConfig(r=4, target_modules="all-linear", use_dora=True))
+    assert not mixed_adapter_batches(dora), "DoRA's update does not go through lora_B alone"
+    embeddings = get_peft_model(build_tiny_model(0), LoraConfig(r=4, target_modules=["embed_tokens", "q_proj"]))
+    assert not mixed_adapter_batches(embeddings), "an embedding's LoRA update has no lora_B module"
+    calls, handle = _forward_counter(dora)
+    out = tandem_generate(dora, None, ids, mask, **kw)
+    handle.remove()
+    assert len(calls) == 2 * out.completion_ids.shape[1], "DoRA: two passes, the second with the adapter disabled"
+    with pytest.raises(ValueError, match="not a PEFT model"):
+        tandem_generate(build_tiny_model(0), None, ids, mask, **kw)
