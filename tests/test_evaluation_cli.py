@@ -12,11 +12,14 @@ import torch
 from conftest import SHARED_DATA, save_tiny_llamas
 from transformers import AutoModelForCausalLM
 
-from tandem_grpo.evaluation.cli import main
+from tandem_grpo.evaluation.cli import build_parser, main
 from tandem_grpo.evaluation.report import SampleView, render_samples_html, write_results_json
+from tandem_grpo.evaluation.runner import EvaluationConfig
+from tandem_grpo.sampling import SamplingSettings
 
 GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
-OUTPUTS = ("results.json", "pass_at_k.png", "drift.png", "cross_entropy.png", "samples.html", "samples.jsonl")
+PLOTS = ("pass_at_k.png", "pass_at_k_curve.png", "drift.png", "cross_entropy.png")
+OUTPUTS = ("results.json", *PLOTS, "samples.html", "samples.jsonl")
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
@@ -39,7 +42,7 @@ def tiny_dirs(tmp_path_factory, smollm2_tokenizer) -> dict[str, str]:
 def _check_outputs(out: Path) -> dict:
     for name in OUTPUTS:
         assert (out / name).is_file() and (out / name).stat().st_size > 0, name
-    for name in OUTPUTS[1:4]:
+    for name in PLOTS:
         assert (out / name).read_bytes()[:8] == PNG_MAGIC, name
     return json.loads((out / "results.json").read_text())
 
@@ -89,6 +92,20 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     leg = entry["legibility"]
     assert leg["junior_cross_entropy"] > 0.0 and 0.0 < leg["overlap"] < 1.0 and leg["num_tokens"] > 0
     assert results["junior"]["legibility_self"]["junior_cross_entropy"] > 0.0
+    # Beyond the paper: the solo pass@k curve (k = 1 .. n = 2 here) agrees with the pass@k estimates, and coverage
+    # is the share of problems with any correct sample.
+    for block in (entry["solo"], results["junior"]["solo"], results["grpo"]["solo"]):
+        curve = block["pass_at_k_curve"]
+        assert curve["k"] == [1, 2] and curve["max_k"] == 32 and curve["num_samples"] == 2
+        assert [e["value"] for e in curve["pass_at_k"]] == [block["pass@1"]["value"], block["pass@2"]["value"]]
+        solved = sum(c > 0 for c in block["correct_per_problem"]) / 3
+        assert curve["coverage"]["value"] == pytest.approx(solved)
+    # Drift split by position: the first 8 completion tokens and the rest partition every completion's tokens.
+    for drift in (entry["drift"], results["grpo"]["drift"]):
+        parts = drift["by_position"]
+        assert parts["prefix_tokens"] == 8
+        assert parts["first"]["num_tokens"] + parts["rest"]["num_tokens"] == drift["num_tokens"]
+        assert parts["first"]["kl_to_base_nats"] > 0.0
     # samples.jsonl: every completion of every schedule, k per problem.
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     word = [r for r in records if r["schedule"] == "word_p0.5"]
@@ -123,8 +140,7 @@ def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, 
     assert "--pass_at 8" in err and "--k 4" in err
     err = _run_error([*common, "--junior", tiny_dirs["base"], "--backend", "tgi"], capsys)
     assert "Unknown backend 'tgi'" in err
-    err = _run_error([*common, "--junior", tiny_dirs["base"], "--backend", "vllm"], capsys)
-    assert "--backend transformers" in err
+    assert "['transformers', 'vllm']" in err
     err = _run_error(common, capsys)
     assert "--junior" in err
     err = _run_error([*common, "--junior", tiny_dirs["base"], "--step_grid", "0"], capsys)
@@ -140,6 +156,38 @@ def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     err = _run_error([*common, "--junior", str(tmp_path / "no-such-model")], capsys)
     assert "no-such-model" in err
+
+
+def test_parser_defaults_are_the_config_defaults():
+    """The command line is generated from EvaluationConfig: no flag restates a default."""
+    config = build_parser().parse_config(["--checkpoints", "a", "b"])
+    assert config == EvaluationConfig(checkpoints=["a", "b"])
+    assert config.sampling == SamplingSettings()
+    args = ["--checkpoints", "a", "--junior", "j", "--k", "8", "--pass_at", "1", "8", "--step_grid", "2"]
+    args += ["--temperature", "0.7", "--top_k", "20", "--skip", "drift", "--no_progress", "--pass_at_k_curve_max", "4"]
+    config = build_parser().parse_config(args)
+    assert (config.junior, config.k, config.pass_at, config.step_grid) == ("j", 8, [1, 8], [2])
+    assert config.sampling == SamplingSettings(temperature=0.7, top_k=20)
+    assert config.measurements == ["handoff", "legibility"] and config.show_progress is False
+    assert config.pass_at_k_curve_max == 4
+    assert build_parser().parse_config([*args[:2], "--measurements", "drift"]).measurements == ["drift"]
+    text = build_parser().format_help()
+    assert "Largest k of the pass@k curve" in text and "(default: 32)" in text  # help from the field metadata
+    assert "Softmax temperature" in text and "--no_progress" in text and "--skip" in text
+
+
+def test_usage_errors_are_one_line(capsys, no_model_loading):
+    for args, expected in [
+        ([], "--checkpoints"),  # required
+        (["--checkpoints", "a", "--k", "x"], "invalid int value: 'x'"),
+        (["--checkpoints", "a", "--bogus", "1"], "unrecognized arguments: --bogus 1"),
+        (["--checkpoints", "a", "--skip", "solo"], "invalid choice: 'solo'"),
+        (["--checkpoints", "a", "--junior", "j", "--measurements", "speed"], "Unknown measurement(s) ['speed']"),
+        (["--checkpoints", "a", "--junior", "j", "--pass_at_k_curve_max", "0"], "--pass_at_k_curve_max 0"),
+        (["--checkpoints", "a", "--junior", "j", "--drift_prefix_tokens", "0"], "--drift_prefix_tokens 0"),
+    ]:
+        err = _run_error(args, capsys)
+        assert expected in err and err.startswith("tandem-grpo evaluate: error: ") and err.count("\n") == 1, err
 
 
 def test_vocabulary_mismatch_is_reported(tiny_dirs, gsm8k_three, tiny_model_dirs, tmp_path, capsys, no_model_loading):

@@ -16,9 +16,11 @@ from tandem_grpo.evaluation.metrics import (
     kl_divergence,
     legibility,
     marginal_kl,
+    marginal_kl_by_position,
     masked_overlap,
     masked_token_cross_entropy,
     pass_at_k,
+    pass_at_k_curve,
     smoothed_distribution,
     token_counts,
 )
@@ -91,6 +93,46 @@ def test_capability_means_over_problems():
         capability([], ks=[1])
 
 
+def test_pass_at_k_curve_hand_values():
+    T, F = True, False
+    correct = [[T, F, F, F], [F, F, F, F], [T, T, F, F]]
+    # Per problem, 1 - C(n - c, k) / C(n, k) with n = 4:
+    #   c=1: k=1 1/4, k=2 1 - 3/6 = 1/2, k=3 1 - 1/4 = 3/4, k=4 1;  c=0: 0;  c=2: 1/2, 1 - 1/6 = 5/6, 1, 1.
+    curve = pass_at_k_curve(correct, max_k=32)
+    assert curve["k"] == [1, 2, 3, 4] and curve["num_samples"] == 4  # stops at n = 4 samples
+    expected = [(1 / 4 + 1 / 2) / 3, (1 / 2 + 5 / 6) / 3, (3 / 4 + 1) / 3, 2 / 3]
+    assert [e["value"] for e in curve["pass_at_k"]] == pytest.approx(expected)
+    assert curve["coverage"]["value"] == pytest.approx(2 / 3)  # two of three problems have a correct sample
+    assert curve["pass_at_k"][-1]["value"] == pytest.approx(curve["coverage"]["value"])  # pass@n is coverage
+    for est in [*curve["pass_at_k"], curve["coverage"]]:
+        assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["confidence"] == 0.95
+        assert est["num_problems"] == 3 and "bootstrap" in est["ci_method"]
+    # The curve's points are the same estimates as capability's pass@k (same bootstrap seed).
+    cap = capability(correct, ks=[1, 2, 4], seed=7)
+    seeded = pass_at_k_curve(correct, max_k=4, seed=7)
+    for k in (1, 2, 4):
+        assert seeded["pass_at_k"][k - 1] == cap[f"pass@{k}"]
+    # max_k below n cuts the curve; coverage still counts all n samples.
+    short = pass_at_k_curve(correct, max_k=2)
+    assert short["k"] == [1, 2] and short["coverage"]["value"] == pytest.approx(2 / 3)
+
+
+def test_pass_at_k_curve_to_32():
+    # One problem with 1 correct sample of 32: pass@k = 1 - C(31, k) / C(32, k) = k / 32. One always solved: 1.
+    correct = [[True] + [False] * 31, [True] * 32]
+    curve = pass_at_k_curve(correct)
+    assert curve["k"] == list(range(1, 33)) and curve["max_k"] == 32
+    assert [e["value"] for e in curve["pass_at_k"]] == pytest.approx([(k / 32 + 1) / 2 for k in range(1, 33)])
+    assert curve["coverage"] == {**curve["coverage"], "value": 1.0, "ci_low": 1.0, "ci_high": 1.0}
+    # Two problems: resamples are (a, a), (a, b), (b, b), so the interval spans [pass@k of problem 1, 1].
+    est = curve["pass_at_k"][0]
+    assert est["ci_low"] == pytest.approx(1 / 32) and est["ci_high"] == pytest.approx(1.0)
+    with pytest.raises(ValueError, match="max_k"):
+        pass_at_k_curve(correct, max_k=0)
+    with pytest.raises(ValueError, match="empty"):
+        pass_at_k_curve([])
+
+
 def test_bootstrap_interval():
     constant = bootstrap_mean([0.5] * 7)
     assert (constant.value, constant.low, constant.high) == (0.5, 0.5, 0.5)
@@ -126,6 +168,36 @@ def test_kl_with_known_distributions():
     # counts [3, 1] and [1, 1] with one pseudo-count each: p = (2/3, 1/3), q = (1/2, 1/2)
     kl = marginal_kl(torch.tensor([3.0, 1.0]), torch.tensor([1.0, 1.0]), smoothing=1.0)
     assert kl == pytest.approx(2 / 3 * math.log(4 / 3) + 1 / 3 * math.log(2 / 3))
+
+
+def test_drift_by_position_when_only_the_first_tokens_differ():
+    tails = [[0, 1, 2], [3]]
+    model = [[5] * 8 + tail for tail in tails]
+    base = [[4] * 8 + tail for tail in tails]
+    out = marginal_kl_by_position(model, base, vocab_size=6, prefix_tokens=8, smoothing=1.0)
+    assert out["prefix_tokens"] == 8
+    # First 8 positions: token 5 sixteen times against token 4 sixteen times; smoothed with one pseudo-count,
+    # p = (1, 1, 1, 1, 1, 17) / 22 and q = (1, 1, 1, 1, 17, 1) / 22, so KL = 17/22 ln 17 + 1/22 ln(1/17).
+    assert out["first"]["kl_to_base_nats"] == pytest.approx(16 / 22 * math.log(17))
+    assert (out["first"]["num_tokens"], out["first"]["base_num_tokens"]) == (16, 16)
+    assert out["rest"] == {"kl_to_base_nats": 0.0, "num_tokens": 4, "base_num_tokens": 4}
+    whole = marginal_kl(token_counts(model, 6), token_counts(base, 6), smoothing=1.0)
+    assert 0.0 < whole < out["first"]["kl_to_base_nats"]  # the whole-completion KL dilutes the start's change
+
+
+def test_drift_by_position_hand_values_and_edges():
+    # prefix 2: model firsts (0, 1) -> (2, 2, 1)/5, base firsts (0, 0) -> (3, 1, 1)/5; the rests are both [2].
+    out = marginal_kl_by_position([[0, 1, 2]], [[0, 0, 2]], vocab_size=3, prefix_tokens=2, smoothing=1.0)
+    assert out["first"]["kl_to_base_nats"] == pytest.approx(2 / 5 * math.log(2 / 3) + 2 / 5 * math.log(2))
+    assert out["rest"]["kl_to_base_nats"] == 0.0
+    # Completions no longer than the prefix leave nothing after it: NaN, not the KL of two uniform guesses.
+    short = marginal_kl_by_position([[0, 1]], [[1]], vocab_size=3, prefix_tokens=2, smoothing=1.0)
+    assert math.isnan(short["rest"]["kl_to_base_nats"]) and short["rest"]["num_tokens"] == 0
+    assert short["first"]["num_tokens"] == 2 and short["first"]["base_num_tokens"] == 1
+    with pytest.raises(ValueError, match="prefix_tokens"):
+        marginal_kl_by_position([[0]], [[0]], vocab_size=3, prefix_tokens=0)
+    with pytest.raises(ValueError, match="smoothing"):
+        marginal_kl_by_position([[0]], [[0]], vocab_size=3, smoothing=0.0)
 
 
 def test_drift_reversal_hand_example():

@@ -4,11 +4,11 @@ drift and legibility to the junior, as a library and the ``tandem-grpo evaluate`
 The library entry point is [`evaluate`][tandem_grpo.evaluation.runner.evaluate]; the command is
 [`tandem_grpo.evaluation.cli.main`][tandem_grpo.evaluation.cli.main].
 
-Modules: [`metrics`][tandem_grpo.evaluation.metrics] (pass@k, bootstrap intervals, KL, drift reversal,
-cross-entropy, overlap), [`steps`][tandem_grpo.evaluation.steps] (reasoning-step splitting),
-[`schedules`][tandem_grpo.evaluation.schedules] (handoff schedules), [`backends`][tandem_grpo.evaluation.backends]
-(solo generation), [`report`][tandem_grpo.evaluation.report] (results.json, plots, HTML) and
-[`runner`][tandem_grpo.evaluation.runner] (the orchestration).
+Modules: [`metrics`][tandem_grpo.evaluation.metrics] (pass@k and its curve, bootstrap intervals, KL whole and
+by position, drift reversal, cross-entropy, overlap), [`steps`][tandem_grpo.evaluation.steps] (reasoning-step
+splitting), [`schedules`][tandem_grpo.evaluation.schedules] (handoff schedules),
+[`backends`][tandem_grpo.evaluation.backends] (solo generation), [`report`][tandem_grpo.evaluation.report]
+(results.json, plots, HTML) and [`runner`][tandem_grpo.evaluation.runner] (the orchestration).
 """
 
 from .backends import GenerationBackend, TransformersBackend, create_backend
@@ -18,7 +18,9 @@ from .metrics import (
     drift_reversal,
     legibility,
     marginal_kl,
+    marginal_kl_by_position,
     pass_at_k,
+    pass_at_k_curve,
     smoothed_distribution,
     token_counts,
 )
@@ -40,7 +42,9 @@ __all__ = [
     "handover_region",
     "legibility",
     "marginal_kl",
+    "marginal_kl_by_position",
     "pass_at_k",
+    "pass_at_k_curve",
     "prefix_end",
     "smoothed_distribution",
     "split_steps",

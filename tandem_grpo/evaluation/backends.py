@@ -1,10 +1,20 @@
-"""Solo generation behind a small interface, so a vLLM backend can be added next to the transformers one.
+"""Generation behind a small interface: transformers ``generate``, or the package's tandem vLLM engine.
 
 A backend turns token-id prompts into sampled completions for one model. Everything else in the evaluation
 (scoring, step schedules, reports) only sees token-id lists, so a backend needs nothing but
-[`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate]. Tandem (word-handoff) generation and
-teacher-forced scoring always run on transformers models ([`tandem_generate`][tandem_grpo.generation.tandem_generate]),
-whatever the backend.
+[`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate].
+
+- ``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
+  ``model.generate``; the training-rule schedule runs on
+  [`tandem_generate`][tandem_grpo.generation.tandem_generate].
+- ``"vllm"`` ([`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend]): one in-process tandem vLLM engine
+  per run ([`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine], built by
+  [`build_llm`][tandem_grpo.vllm.engine.build_llm]) whose frozen junior is the run's junior and whose senior slot
+  holds one model at a time (swapped in with ``reload_senior``, as a training weight sync does). A solo completion
+  is a tandem request with junior probability 0 (the model in the senior slot) or 1 (the junior); the training
+  rule is a tandem request with the rule itself; step schedules continue a prefix the same way.
+
+Teacher-forced scoring (legibility) runs on the transformers models whatever the backend.
 """
 
 from __future__ import annotations
@@ -16,8 +26,12 @@ import torch
 
 from ..sampling import SamplingSettings, default_eos_token_ids
 
-BACKENDS = ("transformers",)
-PLANNED_BACKENDS = ("vllm",)
+BACKENDS = ("transformers", "vllm")
+"""The backend names of ``tandem-grpo evaluate --backend``."""
+
+VLLM_GPU_MEMORY_UTILIZATION = 0.3
+"""Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
+GPU); ignored on a CPU, where ``VLLM_CPU_KVCACHE_SPACE`` sizes the cache."""
 
 
 def derive_seed(base: int, *parts: object) -> int:
@@ -172,23 +186,210 @@ class TransformersBackend(GenerationBackend):
         return out
 
 
-def check_backend_name(name: str) -> None:
-    """Raise ``ValueError`` for a backend name this version cannot run, listing the ones it can."""
-    if name in BACKENDS:
-        return
-    if name in PLANNED_BACKENDS:
-        raise ValueError(
-            f"backend={name!r} is not implemented in the evaluation suite yet; use --backend transformers."
+class TandemEngine:
+    """One in-process tandem vLLM engine for an evaluation run: a frozen junior and a senior slot.
+
+    The engine starts with ``senior`` in the senior slot;
+    [`load_senior`][tandem_grpo.evaluation.backends.TandemEngine.load_senior] swaps another checkpoint of the same
+    architecture in (``reload_senior``, then a prefix-cache reset), as a training weight sync does. vLLM keeps one
+    engine per process in practice, so [`shared_engine`][tandem_grpo.evaluation.backends.shared_engine] reuses it
+    across runs.
+
+    Args:
+        senior: local folder of the first senior (resolved path).
+        junior: local folder of the frozen junior.
+        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
+        max_model_len: longest prompt plus completion, in tokens.
+        seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
+
+    Raises:
+        ImportError: vLLM is missing or too old.
+        ValueError: the junior's vocabulary differs from the senior's.
+    """
+
+    def __init__(self, senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0) -> None:
+        from ..vllm.engine import build_llm, engine_info
+
+        self.junior = junior
+        self.dtype = dtype
+        self.max_model_len = int(max_model_len)
+        self.llm = build_llm(
+            senior,
+            junior,
+            gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION,
+            max_model_len=self.max_model_len,
+            dtype=dtype,
+            enforce_eager=True,
+            seed=seed,
         )
-    raise ValueError(f"Unknown backend {name!r}; choose one of {list(BACKENDS)}.")
+        self.senior = senior
+        self.eos_token_ids = [int(i) for i in engine_info(self.llm)["eos_token_ids"]]
+
+    def load_senior(self, path: str) -> None:
+        """Put the checkpoint in folder ``path`` into the senior slot (no-op when it is there already)."""
+        if path == self.senior:
+            return
+        from ..vllm.model import iter_checkpoint
+
+        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        model.reload_senior(iter_checkpoint(path))  # one call: a layer split over two reloads is left incomplete
+        self.llm.reset_prefix_cache()
+        self.senior = path
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule,
+        *,
+        max_new_tokens: Sequence[int],
+        seeds: Sequence[int],
+    ):
+        """Tandem completions of the current senior and the junior, one request per prompt.
+
+        Args:
+            prompts: token-id prompts.
+            sampling: the sampling settings (the mixture is truncated as in training).
+            rule: the [`HandoffRule`][tandem_grpo.handoff.HandoffRule] (junior probability 0: the senior alone;
+                1: the junior alone).
+            max_new_tokens: length cap per prompt.
+            seeds: coin-stream seed per prompt.
+
+        Returns:
+            A [`TandemRollout`][tandem_grpo.vllm.engine.TandemRollout] (ids, authorship replayed and checked
+            against the engine's record).
+        """
+        from ..vllm.engine import (
+            boundary_tables,
+            engine_info,
+            finish_rollout,
+            merge_records,
+            new_uids,
+            sampling_params,
+        )
+
+        uids = new_uids(len(prompts))
+        params = [
+            sampling_params(sampling, [seed], [uid], rule, max_tokens=cap)[0]
+            for seed, uid, cap in zip(seeds, uids, max_new_tokens, strict=True)
+        ]
+        requests = [{"prompt_token_ids": list(p)} for p in prompts]
+        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
+        completions = [list(out.outputs[0].token_ids) for out in outputs]
+        records = merge_records(self.llm.collective_rpc("tandem_pop_records", args=(uids,)), uids)
+        info = engine_info(self.llm)
+        tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
+        return finish_rollout(completions, None, records, seeds, rule, tables)
+
+
+_ENGINE: TandemEngine | None = None
+
+
+def shared_engine(senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0) -> TandemEngine:
+    """The process's [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine], built on first use and reused
+    while the junior and dtype match and its ``max_model_len`` suffices (vLLM does not free an in-process engine
+    reliably, so one is kept); ``senior`` is loaded into its senior slot."""
+    global _ENGINE
+    if _ENGINE is None or (_ENGINE.junior, _ENGINE.dtype) != (junior, dtype) or _ENGINE.max_model_len < max_model_len:
+        _ENGINE = None  # drop the old engine before building the next
+        _ENGINE = TandemEngine(senior, junior, dtype=dtype, max_model_len=max_model_len, seed=seed)
+    _ENGINE.load_senior(senior)
+    return _ENGINE
+
+
+class VLLMBackend(GenerationBackend):
+    """Solo sampling of one model through a [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine].
+
+    The junior (``is_junior=True``) samples as a tandem request with junior probability 1; any other model is
+    loaded into the senior slot and samples with junior probability 0. Both go through the logits processor's
+    truncation (top-k, then top-p, then min-p, as in training and in transformers). Draws are not reproducible
+    (vLLM's CPU sampler takes no per-request seed); the coin seeds are ``derive_seed(seed, "coin", row)``.
+
+    Args:
+        engine: the run's engine.
+        path: the model's folder (what [`load_senior`][tandem_grpo.evaluation.backends.TandemEngine.load_senior]
+            loads).
+        is_junior: whether this model is the engine's junior.
+        pad_token_id: filler id (default: the first EOS id).
+    """
+
+    name = "vllm"
+
+    def __init__(self, engine: TandemEngine, path: str, *, is_junior: bool, pad_token_id: int | None = None) -> None:
+        self.engine = engine
+        self.path = path
+        self.is_junior = is_junior
+        self.eos_token_ids = list(engine.eos_token_ids)
+        self.pad_token_id = int(pad_token_id if pad_token_id is not None else self.eos_token_ids[0])
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        *,
+        max_new_tokens: int | Sequence[int],
+        seed: int = 0,
+        desc: str = "generate",
+    ) -> list[list[int]]:
+        from ..handoff import HandoffRule
+
+        # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
+        rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
+        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior)[0]
+
+    def tandem(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule,
+        *,
+        max_new_tokens: int | Sequence[int],
+        seed: int = 0,
+    ) -> tuple[list[list[int]], list[list[int]]]:
+        """Co-generate with this model in the senior slot (the junior's weights too, when it is evaluated as a
+        checkpoint) and the engine's junior under ``rule`` ([`HandoffRule`][tandem_grpo.handoff.HandoffRule]).
+
+        Returns:
+            ``(completion_ids, authorship)``: per prompt, ids up to and including the first EOS, and 1 (senior) /
+            0 (junior) per token.
+
+        Raises:
+            ValueError: a cap list of the wrong length.
+        """
+        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=True)
+
+    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool):
+        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+        if len(caps) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
+        if not prompts:
+            return [], []
+        if load:
+            self.engine.load_senior(self.path)
+        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
+        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds)
+        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
+        return ids, [a[: len(c)] for a, c in zip(out.authorship, ids, strict=True)]
+
+
+def check_backend_name(name: str) -> None:
+    """Raise ``ValueError`` for a backend name this version cannot run, listing the ones it can
+    ([`BACKENDS`][tandem_grpo.evaluation.backends.BACKENDS])."""
+    if name not in BACKENDS:
+        raise ValueError(f"Unknown backend {name!r}; choose one of {list(BACKENDS)}.")
 
 
 def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
-    """The backend called ``name`` for a loaded ``model`` (kwargs go to its constructor).
+    """The transformers backend for a loaded ``model`` (kwargs go to
+    [`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]); a
+    [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend] is built on a
+    [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine] instead.
 
     Raises:
-        ValueError: an unknown or not yet implemented backend name (see
-            [`check_backend_name`][tandem_grpo.evaluation.backends.check_backend_name]).
+        ValueError: an unknown backend name (see
+            [`check_backend_name`][tandem_grpo.evaluation.backends.check_backend_name]), or ``"vllm"``.
     """
     check_backend_name(name)
+    if name != "transformers":
+        raise ValueError(f"create_backend builds the transformers backend; build a {name!r} one with VLLMBackend.")
     return TransformersBackend(model, tokenizer, **kwargs)

@@ -4,6 +4,11 @@ Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166
 pass@k and accuracy (5.1), handoff robustness (5.2, scored with the same pass@k), marginal-token drift and the
 tokens GRPO shifts that tandem training moves back (5.3), and the junior's cross-entropy and distribution overlap
 on the senior's text (5.4).
+
+Beyond the paper, after Su et al. (arXiv 2608.00220: RLVR can raise pass@1 while shrinking the set of problems
+solved at all, and the change sits in the first response tokens): the whole pass@k curve with coverage
+([`pass_at_k_curve`][tandem_grpo.evaluation.metrics.pass_at_k_curve]) and drift split by completion position
+([`marginal_kl_by_position`][tandem_grpo.evaluation.metrics.marginal_kl_by_position]).
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ DEFAULT_KL_SMOOTHING = 0.1
 A full add-one (Laplace) count would put ~49k pseudo-tokens on SmolLM2's vocabulary, comparable to the ~50k
 tokens of a 100-problem evaluation, and flatten every distribution towards uniform; 0.1 keeps unseen tokens finite
 while letting the observed counts dominate."""
+
+DEFAULT_CURVE_MAX_K = 32
+"""Largest k of the pass@k curve ([`pass_at_k_curve`][tandem_grpo.evaluation.metrics.pass_at_k_curve])."""
+
+DEFAULT_DRIFT_PREFIX_TOKENS = 8
+"""Completion tokens counted as the response's start by
+[`marginal_kl_by_position`][tandem_grpo.evaluation.metrics.marginal_kl_by_position]."""
 
 
 # ----------------------------------------------------------------------------------------------- solo capability
@@ -183,6 +195,48 @@ def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int =
     return out
 
 
+def pass_at_k_curve(
+    correct: Sequence[Sequence[bool]], max_k: int = DEFAULT_CURVE_MAX_K, seed: int = 0, confidence: float = 0.95
+) -> dict:
+    """The pass@k curve for every k from 1 to ``min(max_k, n)``, and coverage, each with a bootstrap interval.
+
+    pass@k is the unbiased estimator ([`pass_at_k`][tandem_grpo.evaluation.metrics.pass_at_k]) averaged over
+    problems. Coverage is the share of problems with at least one correct sample among all ``n`` drawn (it equals
+    pass@n, and is what Su et al., arXiv 2608.00220, find RLVR can shrink while pass@1 rises). Intervals are
+    [`bootstrap_mean`][tandem_grpo.evaluation.metrics.bootstrap_mean] over problems, as for every other metric.
+
+    Args:
+        correct: ``[num_problems][n]`` per-sample verdicts; ``n`` is the smallest sample count of any problem.
+        max_k: the curve's last k, ``>= 1`` (default 32); the curve stops at ``n`` when fewer samples were drawn.
+        seed: seed of the bootstrap intervals (default 0).
+        confidence: confidence level of the intervals, in (0, 1) (default 0.95).
+
+    Returns:
+        ``{"k": [1, ..., K], "pass_at_k": [Estimate dict per k], "coverage": Estimate dict, "num_samples": n,
+        "max_k": max_k}`` with ``K = min(max_k, n)``; Estimate dicts as
+        [`Estimate`][tandem_grpo.evaluation.metrics.Estimate].
+
+    Raises:
+        ValueError: empty ``correct``, a problem without samples, ``max_k < 1`` or ``confidence`` outside (0, 1).
+    """
+    if len(correct) == 0:
+        raise ValueError("No problems to score: the dataset is empty.")
+    if max_k < 1:
+        raise ValueError(f"max_k={max_k!r} must be >= 1.")
+    n = min(len(row) for row in correct)
+    if n < 1:
+        raise ValueError("pass_at_k_curve needs at least one sample per problem.")
+    ks = list(range(1, min(max_k, n) + 1))
+    covered = [float(any(bool(x) for x in row)) for row in correct]
+    return {
+        "k": ks,
+        "pass_at_k": [bootstrap_mean(per_problem_pass_at_k(correct, k), confidence, seed=seed).to_dict() for k in ks],
+        "coverage": bootstrap_mean(covered, confidence, seed=seed).to_dict(),
+        "num_samples": n,
+        "max_k": max_k,
+    }
+
+
 # ------------------------------------------------------------------------------------------------ drift (5.3)
 
 
@@ -252,6 +306,52 @@ def marginal_kl(
         smoothing: pseudo-count per entry, ``> 0`` (default 0.1).
     """
     return kl_divergence(smoothed_distribution(counts_model, smoothing), smoothed_distribution(counts_base, smoothing))
+
+
+def marginal_kl_by_position(
+    completions_model: Sequence[Sequence[int]],
+    completions_base: Sequence[Sequence[int]],
+    vocab_size: int,
+    prefix_tokens: int = DEFAULT_DRIFT_PREFIX_TOKENS,
+    smoothing: float = DEFAULT_KL_SMOOTHING,
+) -> dict:
+    """[`marginal_kl`][tandem_grpo.evaluation.metrics.marginal_kl] on two parts of every completion: its first
+    ``prefix_tokens`` tokens, and the rest.
+
+    Each side's marginal distribution is taken over the same positions (the model's first tokens against the
+    base's first tokens), so a change confined to how responses begin (Su et al., arXiv 2608.00220) shows as
+    drift in ``"first"`` and none in ``"rest"``.
+
+    Args:
+        completions_model: the model's completion token ids, each cut at its end (EOS included).
+        completions_base: the base's completion token ids.
+        vocab_size: ``V``.
+        prefix_tokens: ``N >= 1``, completion positions ``0 .. N-1`` form the first part (default 8).
+        smoothing: pseudo-count per entry, ``> 0`` (default 0.1).
+
+    Returns:
+        ``{"prefix_tokens": N, "first": part, "rest": part}``, each part ``{"kl_to_base_nats", "num_tokens",
+        "base_num_tokens"}``; the KL (nats) is NaN when either side has no token in that part (e.g. every
+        completion is at most ``N`` tokens long).
+
+    Raises:
+        ValueError: ``prefix_tokens < 1``, ``smoothing <= 0`` or an id outside ``[0, V)``.
+    """
+    if prefix_tokens < 1:
+        raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
+    if not smoothing > 0:
+        raise ValueError(f"smoothing={smoothing!r} must be > 0 so that every token has non-zero probability.")
+    out: dict = {"prefix_tokens": prefix_tokens}
+    for part, cut in (("first", slice(None, prefix_tokens)), ("rest", slice(prefix_tokens, None))):
+        model = token_counts([list(c)[cut] for c in completions_model], vocab_size)
+        base = token_counts([list(c)[cut] for c in completions_base], vocab_size)
+        empty = not (model.sum() > 0 and base.sum() > 0)
+        out[part] = {
+            "kl_to_base_nats": float("nan") if empty else marginal_kl(model, base, smoothing),
+            "num_tokens": int(model.sum()),
+            "base_num_tokens": int(base.sum()),
+        }
+    return out
 
 
 def drift_reversal(

@@ -20,6 +20,7 @@ JUNIOR_COLOUR = "#ffd9b3"  # light orange
 
 RESULTS_FILE = "results.json"
 PASS_AT_K_PLOT = "pass_at_k.png"
+PASS_AT_K_CURVE_PLOT = "pass_at_k_curve.png"
 DRIFT_PLOT = "drift.png"
 LEGIBILITY_PLOT = "cross_entropy.png"
 SAMPLES_HTML = "samples.html"
@@ -68,7 +69,8 @@ def _bar_groups(ax, groups: Sequence[str], series: dict[str, list[tuple[float, f
             ys.append(v[0])
             err_lo.append(max(0.0, v[0] - v[1]))
             err_hi.append(max(0.0, v[2] - v[0]))
-        ax.bar(xs, ys, width=width, label=label, yerr=[err_lo, err_hi], capsize=2)
+        has_interval = any(err_lo) or any(err_hi)
+        ax.bar(xs, ys, width=width, label=label, yerr=[err_lo, err_hi] if has_interval else None, capsize=2)
     ax.set_xticks(range(len(groups)))
     ax.set_xticklabels(groups, rotation=30, ha="right", fontsize=8)
     ax.set_ylabel(ylabel)
@@ -105,24 +107,68 @@ def plot_pass_at_k(results: dict, path: str | Path) -> Path:
     return Path(path)
 
 
+def _solo_curves(results: dict) -> dict[str, dict]:
+    """Every model's solo pass@k curve, by label: the checkpoints, then the GRPO checkpoint and the junior."""
+    curves = {name: c["solo"].get("pass_at_k_curve") for name, c in results["checkpoints"].items()}
+    curves["GRPO"] = results.get("grpo", {}).get("solo", {}).get("pass_at_k_curve")
+    curves["junior"] = results.get("junior", {}).get("solo", {}).get("pass_at_k_curve")
+    return {label: curve for label, curve in curves.items() if curve}
+
+
+def plot_pass_at_k_curve(results: dict, path: str | Path) -> Path:
+    """Solo pass@k against k (log2 axis, every k from 1 to the curve's end) for each model, with the bootstrap
+    interval as a band; the legend gives each model's coverage (share of problems solved by any sample)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6.5, 4))
+    for label, curve in _solo_curves(results).items():
+        ks = curve["k"]
+        values = [e["value"] for e in curve["pass_at_k"]]
+        cov = curve["coverage"]
+        line = ax.plot(ks, values, marker="o", markersize=3, label=f"{label} (coverage {cov['value']:.2f})")[0]
+        lows, highs = [e["ci_low"] for e in curve["pass_at_k"]], [e["ci_high"] for e in curve["pass_at_k"]]
+        ax.fill_between(ks, lows, highs, color=line.get_color(), alpha=0.15)
+    ax.set_xscale("log", base=2)
+    last = max((curve["k"][-1] for curve in _solo_curves(results).values()), default=1)
+    ticks = sorted({2**i for i in range(last.bit_length()) if 2**i <= last} | {last})
+    ax.set_xticks(ticks, [str(k) for k in ticks])
+    ax.minorticks_off()
+    ax.set_ylim(0, 1)
+    ax.set_xlabel("k (samples)")
+    ax.set_ylabel("pass@k (unbiased)")
+    ax.set_title(f"Solo pass@k curve ({results['settings']['confidence']:.0%} bootstrap CI)", fontsize=9)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
 def plot_drift(results: dict, path: str | Path) -> Path:
-    """Left: KL(checkpoint || base) of marginal token distributions. Right (with a GRPO checkpoint): each of GRPO's
-    top-N shifted tokens as (GRPO shift, tandem shift); points inside the grey band moved back toward the base."""
+    """Left: KL(checkpoint || base) of marginal token distributions, over whole completions and split into the first
+    N completion tokens and the rest. Right (with a GRPO checkpoint): each of GRPO's top-N shifted tokens as (GRPO
+    shift, tandem shift); points inside the grey band moved back toward the base."""
     plt = _pyplot()
     checkpoints = results["checkpoints"]
     reversals = {n: c["drift_reversal"] for n, c in checkpoints.items() if c.get("drift_reversal")}
     fig, axes = plt.subplots(1, 2 if reversals else 1, figsize=(11 if reversals else 6, 4), squeeze=False)
     ax = axes[0][0]
-    names = list(checkpoints)
-    kls = [checkpoints[n].get("drift", {}).get("kl_to_base_nats") for n in names]
-    grpo = results.get("grpo", {}).get("drift", {}).get("kl_to_base_nats")
-    labels = names + (["GRPO"] if grpo is not None else [])
-    values = kls + ([grpo] if grpo is not None else [])
-    ax.bar(range(len(values)), [v if v is not None else 0.0 for v in values], color="tab:purple")
-    ax.set_xticks(range(len(values)))
-    ax.set_xticklabels(labels, rotation=20, ha="right", fontsize=8)
-    ax.set_ylabel("KL(model || base), nats")
-    ax.set_title("Marginal token distribution drift", fontsize=9)
+    drifts = {n: c.get("drift", {}) for n, c in checkpoints.items()}
+    if results.get("grpo", {}).get("drift"):
+        drifts["GRPO"] = results["grpo"]["drift"]
+    prefix = next((d["by_position"]["prefix_tokens"] for d in drifts.values() if d.get("by_position")), None)
+
+    def kl(d: dict, part: str | None) -> tuple[float, float, float] | None:
+        value = (
+            d.get("kl_to_base_nats") if part is None else d.get("by_position", {}).get(part, {}).get("kl_to_base_nats")
+        )
+        return None if value is None or value != value else (value, value, value)  # NaN: nothing in that part
+
+    series = {"whole completion": [kl(d, None) for d in drifts.values()]}
+    if prefix is not None:
+        series[f"first {prefix} tokens"] = [kl(d, "first") for d in drifts.values()]
+        series[f"after token {prefix}"] = [kl(d, "rest") for d in drifts.values()]
+    _bar_groups(ax, list(drifts), series, "KL(model || base), nats")
+    ax.set_title("Marginal token distribution drift, by completion position", fontsize=9)
     if reversals:
         ax2 = axes[0][1]
         lim = 0.0
@@ -226,11 +272,16 @@ def render_samples_html(samples: Sequence[SampleView], title: str = "Tandem comp
 
 
 def write_report(results: dict, output_dir: str | Path, samples: Sequence[SampleView]) -> dict[str, str]:
-    """Write ``results.json``, the three plots and ``samples.html`` into ``output_dir``; returns their paths."""
+    """Write ``results.json``, the four plots and ``samples.html`` into ``output_dir``; returns their paths.
+
+    Keys of the returned dict (also stored as ``results["outputs"]``): ``pass_at_k_plot``, ``pass_at_k_curve_plot``,
+    ``drift_plot``, ``legibility_plot``, ``samples_html``, ``results``.
+    """
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     paths = {
         "pass_at_k_plot": plot_pass_at_k(results, out / PASS_AT_K_PLOT),
+        "pass_at_k_curve_plot": plot_pass_at_k_curve(results, out / PASS_AT_K_CURVE_PLOT),
         "drift_plot": plot_drift(results, out / DRIFT_PLOT),
         "legibility_plot": plot_legibility(results, out / LEGIBILITY_PLOT),
     }

@@ -4,13 +4,15 @@ Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166
 
 1. Solo capability (5.1): k sampled completions per problem for every checkpoint (and the junior, as a
    reference); unbiased pass@k and mean accuracy with bootstrap intervals
-   ([`metrics`][tandem_grpo.evaluation.metrics]).
+   ([`metrics`][tandem_grpo.evaluation.metrics]), and beyond the paper the pass@k curve up to k = 32 with coverage
+   (share of problems solved at least once).
 2. Handoff robustness (5.2): each checkpoint paired with the frozen junior under (a) the training rule
    ([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and (b) step schedules,
    senior-first and junior-first, over a grid of step counts
    ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]); pass@k per schedule.
-3. Drift (5.3): KL(checkpoint || base) of marginal token distributions of the solo completions; with a GRPO
-   checkpoint, the share of GRPO's most-shifted tokens each checkpoint moves back toward the base.
+3. Drift (5.3): KL(checkpoint || base) of marginal token distributions of the solo completions, whole and split
+   into the first 8 completion tokens and the rest; with a GRPO checkpoint, the share of GRPO's most-shifted
+   tokens each checkpoint moves back toward the base.
 4. Legibility (5.4): the junior's per-token cross-entropy on each checkpoint's solo completions and the per-token
    overlap of the two models' next-token distributions.
 
@@ -33,89 +35,109 @@ import torch
 
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
-from .backends import check_backend_name, create_backend, derive_seed
-from .metrics import DEFAULT_KL_SMOOTHING, capability, drift_reversal, legibility, marginal_kl, token_counts
+from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend, derive_seed, shared_engine
+from .metrics import (
+    DEFAULT_CURVE_MAX_K,
+    DEFAULT_DRIFT_PREFIX_TOKENS,
+    DEFAULT_KL_SMOOTHING,
+    capability,
+    drift_reversal,
+    legibility,
+    marginal_kl,
+    marginal_kl_by_position,
+    pass_at_k_curve,
+    token_counts,
+)
 from .report import RESULTS_FILE, SampleView, write_report
-from .schedules import ScheduleOutput, step_schedule, word_handoff_schedule
+from .schedules import ScheduleOutput, engine_word_handoff_schedule, step_schedule, word_handoff_schedule
 
 logger = logging.getLogger(__name__)
 
 MEASUREMENTS = ("handoff", "drift", "legibility")
+_DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
 class EvaluationError(ValueError):
     """A problem with the evaluation's inputs; the message names the argument, the value and the fix."""
 
 
+def _arg(default=dataclasses.MISSING, help: str = "", **kwargs):  # noqa: A002 - argparse's name
+    """A dataclass field whose ``help`` metadata is what ``tandem-grpo evaluate --help`` prints for it."""
+    if isinstance(default, (list, tuple)):
+        value = list(default)
+        return field(default_factory=lambda: list(value), metadata={"help": help, **kwargs})
+    return field(default=default, metadata={"help": help, **kwargs})
+
+
 @dataclass
 class EvaluationConfig:
     """Everything an evaluation run depends on (all of it is written to ``results.json``).
 
+    Each field is one ``tandem-grpo evaluate`` flag of the same name; its ``help`` metadata (printed by ``--help``
+    with the default) is its documentation. The defaults are the paper's where it has one (``junior_probability``
+    0.5, ``handoff_granularity`` ``"word"``, ``max_gap_tokens`` 32, ``drift_top_n`` 500).
+
     Attributes:
         checkpoints: senior checkpoints (local folders or hub ids, resolved by
             [`resolve_model_path`][tandem_grpo.models.resolve_model_path]), at least one.
-        junior: the frozen junior; defaults to ``base``. At least one of ``junior`` and ``base`` is required.
-        base: the pre-RL model drift is measured against; defaults to ``junior``.
-        grpo_checkpoint: a vanilla-GRPO senior for the drift-reversal measurement (optional).
-        dataset: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``"gsm8k"``).
-        split: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``"test"``).
-        limit: passed to [`load_math_dataset`][tandem_grpo.data.load_math_dataset] (default ``None``: all rows).
-        k: completions sampled per problem (default 4).
-        pass_at: the k values of pass@k, each ``<= k`` (default: 1, 2, 4, ... up to and including ``k``).
-        sampling: sampling settings ([`SamplingSettings`][tandem_grpo.sampling.SamplingSettings], the ones training
-            uses).
-        max_new_tokens: completion length cap in tokens (default 256).
-        junior_probability: of the schedule-(a) handoff rule (default 0.5, the paper's).
-        handoff_granularity: of the schedule-(a) handoff rule (default ``"word"``, the paper's).
-        max_gap_tokens: of the schedule-(a) handoff rule (default 32, the paper's).
-        step_grid: step counts ``s`` of the step schedules (default 1, 2, 3).
-        measurements: which of ``"handoff"``, ``"drift"``, ``"legibility"`` to run (solo always runs; default all).
-        backend: solo-generation backend (``"transformers"``).
-        batch_size: sequences per generation call (default 16).
-        score_batch_size: sequences per teacher-forced forward pass (default 4).
-        device: ``"cpu"``, ``"cuda"``, or ``None`` (CUDA when available).
-        dtype: ``"float32"`` (default), ``"bfloat16"`` or ``"float16"``.
+        junior: the frozen junior (default: ``base``); at least one of ``junior`` and ``base`` is required.
+        base: the pre-RL model drift is measured against (default: ``junior``).
+        sampling: sampling settings ([`SamplingSettings`][tandem_grpo.sampling.SamplingSettings], the ones
+            training uses; the command line sets its fields with ``--temperature`` etc.).
+        pass_at: k values of pass@k, each ``<= k`` (default: 1, 2, 4, ... up to and including ``k``).
+        pass_at_k_curve_max: the pass@k curve covers every k from 1 to ``min(pass_at_k_curve_max, k)``
+            (default 32); see [`pass_at_k_curve`][tandem_grpo.evaluation.metrics.pass_at_k_curve].
+        drift_prefix_tokens: drift is also reported separately for the first this-many completion tokens and the
+            rest (default 8); see [`marginal_kl_by_position`][tandem_grpo.evaluation.metrics.marginal_kl_by_position].
         num_threads: CPU threads for torch during the run (restored afterwards); ``None`` keeps torch's default.
             On a CPU shared with other jobs, 1 can be several times faster than oversubscribed OpenMP threads.
-        drift_top_n: N of the drift reversal (default 500, the paper's).
-        kl_smoothing: additive pseudo-count (see
-            [`DEFAULT_KL_SMOOTHING`][tandem_grpo.evaluation.metrics.DEFAULT_KL_SMOOTHING], the default).
-        confidence: confidence level of the bootstrap intervals (default 0.95).
-        num_html_samples: problems shown per checkpoint in ``samples.html`` (default 6).
-        output_dir: results folder (default ``"evaluation_results"``).
-        show_progress: tqdm bars (default ``True``).
-        seed: base seed of every draw (default 0).
+
+    Invalid values raise [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] from
+    [`validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate] (which
+    [`evaluate`][tandem_grpo.evaluation.runner.evaluate] calls first), not from the constructor.
     """
 
-    checkpoints: Sequence[str]
-    junior: str | None = None
-    base: str | None = None
-    grpo_checkpoint: str | None = None
-    dataset: str = "gsm8k"
-    split: str = "test"
-    limit: int | None = None
-    k: int = 4
-    pass_at: Sequence[int] | None = None
+    checkpoints: list[str] = _arg(help="Senior checkpoints to evaluate (local folders or hub ids); at least one is "
+                                  "required.", metavar="PATH_OR_ID")  # fmt: skip
+    junior: str | None = _arg(None, "Frozen junior (default: --base; one of the two is required).")
+    base: str | None = _arg(None, "Pre-RL model drift is measured against (default: --junior).")
+    grpo_checkpoint: str | None = _arg(
+        None, "Vanilla-GRPO senior, for the drift-reversal measurement (default: none)."
+    )
+    dataset: str = _arg("gsm8k", "A jsonl path or a short name: gsm8k, math500, minerva_math, aime24, amc23, "
+                        "multiarith.")  # fmt: skip
+    split: str = _arg("test", "Dataset split.")
+    limit: int | None = _arg(None, "Evaluate the first N problems (default: all of the split).")
+    k: int = _arg(4, "Completions sampled per problem (n of the pass@k estimator).")
+    pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")
+    pass_at_k_curve_max: int = _arg(DEFAULT_CURVE_MAX_K, "Largest k of the pass@k curve (every k from 1 to "
+                                    "min(this, --k)); raise --k to reach it.")  # fmt: skip
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
-    max_new_tokens: int = 256
-    junior_probability: float = 0.5
-    handoff_granularity: str = "word"
-    max_gap_tokens: int = 32
-    step_grid: Sequence[int] = (1, 2, 3)
-    measurements: Sequence[str] = MEASUREMENTS
-    backend: str = "transformers"
-    batch_size: int = 16
-    score_batch_size: int = 4
-    device: str | None = None
-    dtype: str = "float32"
-    num_threads: int | None = None
-    drift_top_n: int = 500
-    kl_smoothing: float = DEFAULT_KL_SMOOTHING
-    confidence: float = 0.95
-    num_html_samples: int = 6
-    output_dir: str = "evaluation_results"
-    show_progress: bool = True
-    seed: int = 0
+    max_new_tokens: int = _arg(256, "Completion length cap in tokens.")
+    junior_probability: float = _arg(0.5, "Junior share p of the training-rule (word handoff) schedule.")
+    handoff_granularity: str = _arg("word", "Handoff unit of the training-rule schedule: word, sentence or token.")
+    max_gap_tokens: int = _arg(32, "Longest run without a handoff boundary in the training-rule schedule.")
+    step_grid: list[int] = _arg([1, 2, 3], "Step counts s of the step schedules (s steps, then the other model).")
+    measurements: list[str] = _arg(list(MEASUREMENTS), f"Which of {', '.join(MEASUREMENTS)} to run (solo always "
+                                   "runs).")  # fmt: skip
+    backend: str = _arg("transformers", f"Generation backend, one of {', '.join(BACKENDS)}: transformers generate "
+                        "and tandem_generate, or one tandem vLLM engine (unseeded on a CPU).")  # fmt: skip
+    batch_size: int = _arg(16, "Sequences per generation call.")
+    score_batch_size: int = _arg(4, "Sequences per teacher-forced scoring pass.")
+    device: str | None = _arg(None, "cpu or cuda (default: cuda when available).")
+    dtype: str = _arg("float32", f"Model weights dtype: {', '.join(_DTYPE_NAMES)}.")
+    num_threads: int | None = _arg(None, "Torch CPU threads during the run (default: torch's; 1 on a busy shared "
+                                   "CPU).")  # fmt: skip
+    drift_top_n: int = _arg(500, "N of the drift reversal: GRPO's N most-shifted tokens.")
+    drift_prefix_tokens: int = _arg(DEFAULT_DRIFT_PREFIX_TOKENS, "Drift is also reported for the first N "
+                                    "completion tokens and for the rest.")  # fmt: skip
+    kl_smoothing: float = _arg(DEFAULT_KL_SMOOTHING, "Additive pseudo-count per vocabulary entry of the marginal "
+                               "token distributions.")  # fmt: skip
+    confidence: float = _arg(0.95, "Confidence level of the bootstrap intervals.")
+    num_html_samples: int = _arg(6, "Problems shown per checkpoint in samples.html.")
+    output_dir: str = _arg("evaluation_results", "Results folder.")
+    show_progress: bool = _arg(True, "Progress bars (default: on; --no_progress hides them).")
+    seed: int = _arg(0, "Base seed of every draw.")
 
     def resolved_pass_at(self) -> list[int]:
         if self.pass_at:
@@ -169,7 +191,7 @@ class EvaluationConfig:
             raise EvaluationError(str(err)) from err
         if self.num_threads is not None and self.num_threads < 1:
             raise EvaluationError(f"--num_threads {self.num_threads}: must be >= 1 (or omitted for torch's default).")
-        for name in ("batch_size", "score_batch_size", "drift_top_n"):
+        for name in ("batch_size", "score_batch_size", "drift_top_n", "pass_at_k_curve_max", "drift_prefix_tokens"):
             if getattr(self, name) < 1:
                 raise EvaluationError(f"--{name} {getattr(self, name)}: must be >= 1.")
         if self.num_html_samples < 0:
@@ -194,7 +216,7 @@ class EvaluationConfig:
         return d
 
 
-_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+_DTYPES = {name: getattr(torch, name) for name in _DTYPE_NAMES}
 
 
 @dataclass
@@ -248,6 +270,24 @@ def _check_vocabularies(models: dict[str, _Model], junior_path: str) -> object:
     return tokenizers
 
 
+def _check_senior_slot(models: list[_Model]) -> None:
+    """``--backend vllm`` swaps every non-junior model into one engine's senior slot: their shapes must match."""
+    from transformers import AutoConfig
+
+    def shape(m: _Model) -> tuple:
+        text = AutoConfig.from_pretrained(m.resolved).get_text_config()
+        names = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+        return (type(text).__name__, *(getattr(text, n, None) for n in names))
+
+    first = shape(models[0])
+    for m in models[1:]:
+        if shape(m) != first:
+            raise EvaluationError(
+                f"--backend vllm loads every checkpoint into one engine's senior slot, but {m.path!r} has another "
+                f"architecture or size than {models[0].path!r} ({shape(m)} vs {first}); use --backend transformers."
+            )
+
+
 def _render_prompts(tokenizer, prompts: list) -> list[list[int]]:
     """Chat-template each conversation (with the assistant header) and tokenize it without extra specials."""
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
@@ -285,7 +325,11 @@ def evaluate(config: EvaluationConfig) -> dict:
     ([`EvaluationConfig.validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate]), the dataset (loaded and
     non-empty), and every checkpoint's tokenizer and logits width against the junior's.
 
+    Measurements run in order, each in its own function: solo capability (always), then those of
+    ``config.measurements``: handoff robustness, drift, legibility.
+
     Outputs in ``config.output_dir``: ``results.json`` (every number, the settings, timings), ``pass_at_k.png``,
+    ``pass_at_k_curve.png`` (solo pass@k for k = 1 .. ``min(pass_at_k_curve_max, k)`` with coverage),
     ``drift.png``, ``cross_entropy.png``, ``samples.html`` (authorship view) and ``samples.jsonl`` (every
     completion with its verdict and authorship).
 
@@ -306,58 +350,140 @@ def evaluate(config: EvaluationConfig) -> dict:
         torch.set_num_threads(threads)
 
 
+@dataclass
+class _Run:
+    """What the measurements of one run share: settings, problems, the loaded models and their roles, the rows.
+
+    ``rows`` holds each rendered prompt ``k`` times (problem-major), ``gold_rows`` its gold answer; every
+    completion list of the run is aligned with them. ``records`` collects the ``samples.jsonl`` lines.
+    """
+
+    config: EvaluationConfig
+    prompts: list
+    golds: list[str]
+    resolved: dict[str, str]
+    models: dict[str, _Model]
+    names: list[str]
+    senior_keys: list[str]
+    junior_key: str
+    base_key: str | None
+    grpo_key: str | None
+    tokenizer: object
+    rows: list[list[int]]
+    gold_rows: list[str]
+    device: torch.device
+    timing: dict[str, float]
+    records: list[dict] = field(default_factory=list)
+
+    @property
+    def junior(self) -> _Model:
+        return self.models[self.junior_key]
+
+    def seniors(self) -> list[tuple[str, _Model]]:
+        """``(display name, model)`` of every checkpoint, in the order given."""
+        return [(name, self.models[key]) for name, key in zip(self.names, self.senior_keys, strict=True)]
+
+    def solo_keys(self) -> list[str]:
+        """Every distinct model that needs solo samples (the junior's drafts start the junior-first schedules)."""
+        extra = [key for key in (self.base_key, self.grpo_key) if key]
+        return list(dict.fromkeys(self.senior_keys + [self.junior_key] + extra))
+
+    def score(self, completions: list[list[int]]) -> list[bool]:
+        return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
+
+    def capability(self, correct: list[bool]) -> dict:
+        c = self.config
+        return capability(_by_problem(correct, c.k), c.resolved_pass_at(), seed=c.seed, confidence=c.confidence)
+
+    def solo_block(self, m: _Model) -> dict:
+        """A model's solo results: pass@k and accuracy, mean length, and the pass@k curve with coverage."""
+        c = self.config
+        curve = pass_at_k_curve(
+            _by_problem(m.solo_correct, c.k), c.pass_at_k_curve_max, seed=c.seed, confidence=c.confidence
+        )
+        return self.capability(m.solo_correct) | {
+            "mean_completion_tokens": _mean_len(m.solo),
+            "pass_at_k_curve": curve,
+        }
+
+    def add_records(self, checkpoint: str, schedule: str, completions, authorship, correct) -> None:
+        self.records += _records(checkpoint, schedule, completions, authorship, correct, self.tokenizer, self.config.k)
+
+    def progress(self, desc: str):
+        from tqdm.auto import tqdm
+
+        return tqdm(total=len(self.rows), desc=desc, unit="seq", disable=not self.config.show_progress)
+
+
 def _evaluate(config: EvaluationConfig) -> dict:
-    from tqdm.auto import tqdm
-    from transformers import AutoModelForCausalLM
-
-    from ..authorship import authorship_spans
-    from ..models import resolve_model_path
-
-    timing: dict[str, float] = {}
     started = time.perf_counter()
     out_dir = Path(config.output_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as err:
         raise EvaluationError(f"--output_dir {config.output_dir!r} cannot be created: {err}") from err
-
-    prompts, golds = _load_problems(config)
+    run = _prepare(config, started)
+    results = _measure_solo(run)
     measurements = set(config.measurements)
-    junior_arg = config.junior or config.base
-    base_arg = config.base or config.junior
+    schedule_outputs = _timed(run, "handoff_schedules", _measure_handoff, results, "handoff" in measurements)
+    _timed(run, "drift", _measure_drift, results, "drift" in measurements)
+    _timed(run, "legibility", _measure_legibility, results, "legibility" in measurements)
+    html_samples = _authorship_views(run, schedule_outputs or {})
+    with (out_dir / "samples.jsonl").open("w", encoding="utf-8") as handle:
+        for r in run.records:
+            handle.write(json.dumps(r) + "\n")
+    run.timing["total"] = time.perf_counter() - started
+    results["timing_seconds"] = run.timing
+    results["outputs"] = {}
+    write_report(results, out_dir, html_samples)
+    logger.info("Wrote %s", out_dir / RESULTS_FILE)
+    return results
 
+
+def _timed(run: _Run, name: str, measure, results: dict, enabled: bool):
+    """Run ``measure(run, results)`` when ``enabled``; its time (0 when skipped) goes to ``timing[name]``."""
+    t = time.perf_counter()
+    out = measure(run, results) if enabled else None
+    run.timing[name] = time.perf_counter() - t
+    return out
+
+
+def _prepare(config: EvaluationConfig, started: float) -> _Run:
+    """Load the problems, resolve every model once, check vocabularies (all before any weights), then load them."""
+    from transformers import AutoModelForCausalLM
+
+    from ..models import resolve_model_path
+
+    timing: dict[str, float] = {}
+    prompts, golds = _load_problems(config)
+    drift = "drift" in config.measurements
     resolved: dict[str, str] = {}
+    models: dict[str, _Model] = {}
 
-    def resolve(path: str) -> str:
+    def register(path: str) -> str:
         if path not in resolved:
             try:
                 resolved[path] = resolve_model_path(path)
             except OSError as err:
                 raise EvaluationError(f"Model {path!r} cannot be found: {err}") from err
-        return resolved[path]
-
-    models: dict[str, _Model] = {}
-
-    def register(path: str) -> str:
-        key = resolve(path)
+        key = resolved[path]
         models.setdefault(key, _Model(path=path, resolved=key))
         return key
 
-    names = _display_names(list(config.checkpoints))
     senior_keys = [register(p) for p in config.checkpoints]
-    junior_key = register(junior_arg)
-    base_key = register(base_arg) if "drift" in measurements else None
-    grpo_key = register(config.grpo_checkpoint) if config.grpo_checkpoint and "drift" in measurements else None
+    junior_key = register(config.junior or config.base)
+    base_key = register(config.base or config.junior) if drift else None
+    grpo_key = register(config.grpo_checkpoint) if config.grpo_checkpoint and drift else None
     tokenizers = _check_vocabularies(models, junior_key)
     tokenizer = tokenizers[senior_keys[0]]
+    if config.backend == "vllm":
+        # Every model but the junior goes into the senior slot (the junior too when it is also a checkpoint).
+        _check_senior_slot([models[k] for k in models if k != junior_key or k in senior_keys])
     timing["checks"] = time.perf_counter() - started
 
     # Prompts use the first checkpoint's chat template (all share one vocabulary; tandem training renders the
     # prompt once for both models, as here).
     prompt_ids = _render_prompts(tokenizer, prompts)
-    rows = [p for p in prompt_ids for _ in range(config.k)]
-    gold_rows = [g for g in golds for _ in range(config.k)]
-
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t = time.perf_counter()
     for m in models.values():
@@ -366,210 +492,243 @@ def _evaluate(config: EvaluationConfig) -> dict:
         except (OSError, ValueError) as err:
             raise EvaluationError(f"Cannot load model {m.path!r} from {m.resolved}: {err}") from err
         m.model.eval().requires_grad_(False)
-        m.backend = create_backend(
-            config.backend,
-            m.model,
-            tokenizers[m.resolved],
-            batch_size=config.batch_size,
-            show_progress=config.show_progress,
-        )
+        if config.backend == "transformers":
+            m.backend = create_backend(
+                config.backend,
+                m.model,
+                tokenizers[m.resolved],
+                batch_size=config.batch_size,
+                show_progress=config.show_progress,
+            )
+    if config.backend == "vllm":
+        max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
+        try:
+            engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,
+                                   max_model_len=max_model_len, seed=config.seed)  # fmt: skip
+        except (ImportError, ValueError) as err:
+            raise EvaluationError(f"--backend vllm: {err}") from err
+        for key, m in models.items():
+            m.backend = VLLMBackend(engine, m.resolved, is_junior=key == junior_key,
+                                    pad_token_id=tokenizers[key].pad_token_id)  # fmt: skip
     timing["load_models"] = time.perf_counter() - t
-    eos_ids = models[junior_key].backend.eos_token_ids
-    pad_id = models[junior_key].backend.pad_token_id
-    sampling, max_new_tokens = config.sampling, config.max_new_tokens
+    return _Run(
+        config=config,
+        prompts=prompts,
+        golds=golds,
+        resolved=resolved,
+        models=models,
+        names=_display_names(list(config.checkpoints)),
+        senior_keys=senior_keys,
+        junior_key=junior_key,
+        base_key=base_key,
+        grpo_key=grpo_key,
+        tokenizer=tokenizer,
+        rows=[p for p in prompt_ids for _ in range(config.k)],
+        gold_rows=[g for g in golds for _ in range(config.k)],
+        device=device,
+        timing=timing,
+    )
 
-    # 1. Solo samples: every distinct model once (the junior's drafts start the junior-first schedules).
+
+def _measure_solo(run: _Run) -> dict:
+    """Measurement 1, solo capability: sample every distinct model once and score it; returns the results skeleton
+    (settings, the junior's and each checkpoint's ``"solo"`` block)."""
+    config = run.config
     t = time.perf_counter()
-    needs_solo = list(dict.fromkeys(senior_keys + [junior_key] + [k for k in (base_key, grpo_key) if k]))
-    for key in needs_solo:
-        m = models[key]
+    for key in run.solo_keys():
+        m = run.models[key]
         m.solo = m.backend.generate(
-            rows,
-            sampling,
-            max_new_tokens=max_new_tokens,
+            run.rows,
+            config.sampling,
+            max_new_tokens=config.max_new_tokens,
             seed=derive_seed(config.seed, "solo", m.path),
             desc=f"solo {Path(m.path).name}",
         )
-        m.solo_correct = _score(tokenizer, m.solo, gold_rows, max_new_tokens)
-    timing["solo_generation_and_scoring"] = time.perf_counter() - t
+        m.solo_correct = run.score(m.solo)
+    run.timing["solo_generation_and_scoring"] = time.perf_counter() - t
 
-    ks = config.resolved_pass_at()
-
-    def cap(correct: list[bool]) -> dict:
-        return capability(_by_problem(correct, config.k), ks, seed=config.seed, confidence=config.confidence)
-
+    junior_arg, base_arg = config.junior or config.base, config.base or config.junior
     results: dict = {
         "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166), section 5",
         "settings": config.to_dict()
         | {
-            "resolved_paths": {p: resolve(p) for p in resolved},
+            "resolved_paths": dict(run.resolved),
             "junior": junior_arg,
             "base": base_arg,
-            "device": str(device),
+            "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
-            "num_problems": len(prompts),
+            "num_problems": len(run.prompts),
             "chat_template_from": config.checkpoints[0],
             "versions": _versions(),
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
-        "checkpoints": {},
-        "junior": {"path": junior_arg, "solo": cap(models[junior_key].solo_correct)},
+        "checkpoints": {name: {"path": m.path, "solo": run.solo_block(m)} for name, m in run.seniors()},
+        "junior": {"path": junior_arg, "solo": run.solo_block(run.junior)},
     }
-    results["junior"]["solo"]["mean_completion_tokens"] = _mean_len(models[junior_key].solo)
-    records: list[dict] = []
-    html_samples: list[SampleView] = []
-    for key in needs_solo:
-        m = models[key]
-        author = 1 if key in senior_keys else 0
-        records += _records(
-            m.path, "solo", m.solo, [[author] * len(c) for c in m.solo], m.solo_correct, tokenizer, config.k
-        )
+    for key in run.solo_keys():
+        m = run.models[key]
+        author = 1 if key in run.senior_keys else 0
+        run.add_records(m.path, "solo", m.solo, [[author] * len(c) for c in m.solo], m.solo_correct)
+    return results
 
-    # 2. Handoff schedules.
-    t = time.perf_counter()
+
+def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]]:
+    """Measurement 2, handoff robustness: each checkpoint with the junior under the training rule and the step
+    schedules (both orders, every ``s`` of the grid); returns each checkpoint's schedule outputs."""
+    config, tokenizer, junior = run.config, run.tokenizer, run.junior
     rule = config.handoff_rule()
-    junior = models[junior_key]
     schedule_outputs: dict[str, list[ScheduleOutput]] = {}
-    for name, key in zip(names, senior_keys, strict=True):
-        senior = models[key]
-        entry = {"path": senior.path, "solo": cap(senior.solo_correct)}
-        entry["solo"]["mean_completion_tokens"] = _mean_len(senior.solo)
-        results["checkpoints"][name] = entry
-        if "handoff" not in measurements:
-            continue
-        outputs = []
-        with tqdm(total=len(rows), desc=f"tandem {rule.granularity} p={rule.junior_probability:g} {name}",
-                  unit="seq", disable=not config.show_progress) as bar:  # fmt: skip
-            outputs.append(
-                word_handoff_schedule(
-                    senior.model,
-                    junior.model,
-                    tokenizer,
-                    rows,
-                    sampling,
+    for name, senior in run.seniors():
+        if isinstance(senior.backend, VLLMBackend):
+            outputs = [
+                engine_word_handoff_schedule(
+                    senior.backend,
+                    run.rows,
+                    config.sampling,
                     rule,
-                    max_new_tokens=max_new_tokens,
-                    eos_token_ids=eos_ids,
-                    pad_token_id=pad_id,
-                    batch_size=config.batch_size,
+                    max_new_tokens=config.max_new_tokens,
                     seed=derive_seed(config.seed, "word", senior.path),
-                    progress=bar,
                 )
-            )
+            ]
+        else:
+            outputs = [_word_schedule(run, senior, rule, name)]
         for s in config.step_grid:
             for first, lead, other in (("senior", senior, junior), ("junior", junior, senior)):
                 outputs.append(
                     step_schedule(
-                        rows,
+                        run.rows,
                         lead.solo,
                         s,
                         first=first,
                         continuation=other.backend,
                         tokenizer=tokenizer,
-                        sampling=sampling,
-                        max_new_tokens=max_new_tokens,
+                        sampling=config.sampling,
+                        max_new_tokens=config.max_new_tokens,
                         seed=derive_seed(config.seed, senior.path),
                         desc=f"{first}_first_s{s} {name}",
-                    )  # fmt: skip
+                    )
                 )
-        entry["handoff"] = {}
+        handoff = results["checkpoints"][name]["handoff"] = {}
         for out in outputs:
-            correct = _score(tokenizer, out.completion_ids, gold_rows, max_new_tokens)
-            entry["handoff"][out.name] = cap(correct) | {
+            correct = run.score(out.completion_ids)
+            handoff[out.name] = run.capability(correct) | {
                 "senior_token_fraction": out.senior_token_fraction(),
                 "exhausted_fraction": out.exhausted_fraction(),
                 "mean_completion_tokens": _mean_len(out.completion_ids),
                 "schedule": out.settings,
             }
-            records += _records(name, out.name, out.completion_ids, out.authorship, correct, tokenizer, config.k)
+            run.add_records(name, out.name, out.completion_ids, out.authorship, correct)
         schedule_outputs[name] = outputs
-    timing["handoff_schedules"] = time.perf_counter() - t
+    return schedule_outputs
 
-    # 3. Drift.
-    t = time.perf_counter()
-    if "drift" in measurements:
-        vocab = int(junior.model.get_output_embeddings().weight.shape[0])
-        base_counts = token_counts(models[base_key].solo, vocab)
-        grpo_counts = token_counts(models[grpo_key].solo, vocab) if grpo_key else None
-        results["base"] = {"path": base_arg, "num_tokens": int(base_counts.sum())}
-        if grpo_key:
-            results["grpo"] = {
-                "path": config.grpo_checkpoint,
-                "solo": cap(models[grpo_key].solo_correct),
-                "drift": {
-                    "kl_to_base_nats": marginal_kl(grpo_counts, base_counts, config.kl_smoothing),
-                    "num_tokens": int(grpo_counts.sum()),
-                },
-            }
-        for name, key in zip(names, senior_keys, strict=True):
-            counts = token_counts(models[key].solo, vocab)
-            entry = results["checkpoints"][name]
-            entry["drift"] = {
-                "kl_to_base_nats": marginal_kl(counts, base_counts, config.kl_smoothing),
-                "num_tokens": int(counts.sum()),
-                "smoothing": config.kl_smoothing,
-                "definition": "KL(checkpoint || base) of smoothed marginal completion-token distributions, nats",
-            }
-            if grpo_key and key != grpo_key:
-                entry["drift_reversal"] = drift_reversal(
-                    base_counts, grpo_counts, counts, top_n=config.drift_top_n, smoothing=config.kl_smoothing
-                ) | {"grpo_checkpoint": config.grpo_checkpoint}
-    timing["drift"] = time.perf_counter() - t
 
-    # 4. Legibility.
-    t = time.perf_counter()
-    if "legibility" in measurements:
-        done: dict[str, dict] = {}
-        for name, key in zip(names, senior_keys, strict=True):
-            if key not in done:
-                with tqdm(
-                    total=len(rows), desc=f"legibility {name}", unit="seq", disable=not config.show_progress
-                ) as bar:
-                    done[key] = legibility(
-                        models[key].model, junior.model, rows, models[key].solo, pad_id, config.score_batch_size, bar
-                    )
-            results["checkpoints"][name]["legibility"] = dict(done[key])
-        if junior_key not in done:
-            with tqdm(
-                total=len(rows), desc="legibility junior (self)", unit="seq", disable=not config.show_progress
-            ) as bar:
-                done[junior_key] = legibility(
-                    None, junior.model, rows, junior.solo, pad_id, config.score_batch_size, bar
-                )
-        results["junior"]["legibility_self"] = {
-            "junior_cross_entropy": done[junior_key]["junior_cross_entropy"],
-            "num_tokens": done[junior_key]["num_tokens"],
+def _word_schedule(run: _Run, senior: _Model, rule, name: str) -> ScheduleOutput:
+    """The training-rule schedule on the transformers models (``tandem_generate``)."""
+    config, junior = run.config, run.junior
+    with run.progress(f"tandem {rule.granularity} p={rule.junior_probability:g} {name}") as bar:
+        return word_handoff_schedule(
+            senior.model,
+            junior.model,
+            run.tokenizer,
+            run.rows,
+            config.sampling,
+            rule,
+            max_new_tokens=config.max_new_tokens,
+            eos_token_ids=junior.backend.eos_token_ids,
+            pad_token_id=junior.backend.pad_token_id,
+            batch_size=config.batch_size,
+            seed=derive_seed(config.seed, "word", senior.path),
+            progress=bar,
+        )
+
+
+def _measure_drift(run: _Run, results: dict) -> None:
+    """Measurement 3, drift: KL(model || base) of the solo completions' marginal token distributions, whole and
+    split by completion position, and (with a GRPO checkpoint) the drift reversal of each checkpoint."""
+    config = run.config
+    vocab = int(run.junior.model.get_output_embeddings().weight.shape[0])
+    base = run.models[run.base_key]
+    grpo = run.models[run.grpo_key] if run.grpo_key else None
+    base_counts = token_counts(base.solo, vocab)
+    grpo_counts = token_counts(grpo.solo, vocab) if grpo else None
+
+    def drift(m: _Model, counts: torch.Tensor) -> dict:
+        return {
+            "kl_to_base_nats": marginal_kl(counts, base_counts, config.kl_smoothing),
+            "num_tokens": int(counts.sum()),
+            "by_position": marginal_kl_by_position(
+                m.solo, base.solo, vocab, prefix_tokens=config.drift_prefix_tokens, smoothing=config.kl_smoothing
+            ),
         }
-    timing["legibility"] = time.perf_counter() - t
 
-    # Authorship view: the training rule's samples first, then one senior-first and one junior-first schedule.
-    by_row = {(r["checkpoint"], r["schedule"], r["problem"], r["sample"]): r for r in records}
-    n_show = min(config.num_html_samples, len(prompts))
+    results["base"] = {"path": config.base or config.junior, "num_tokens": int(base_counts.sum())}
+    if grpo:
+        results["grpo"] = {
+            "path": config.grpo_checkpoint,
+            "solo": run.solo_block(grpo),
+            "drift": drift(grpo, grpo_counts),
+        }
+    for name, m in run.seniors():
+        counts = token_counts(m.solo, vocab)
+        entry = results["checkpoints"][name]
+        entry["drift"] = drift(m, counts) | {
+            "smoothing": config.kl_smoothing,
+            "definition": "KL(checkpoint || base) of smoothed marginal completion-token distributions, nats",
+        }
+        if grpo and m is not grpo:
+            entry["drift_reversal"] = drift_reversal(
+                base_counts, grpo_counts, counts, top_n=config.drift_top_n, smoothing=config.kl_smoothing
+            ) | {"grpo_checkpoint": config.grpo_checkpoint}
+
+
+def _measure_legibility(run: _Run, results: dict) -> None:
+    """Measurement 4, legibility: the junior's cross-entropy on each checkpoint's solo completions and the two
+    models' overlap (each distinct model scored once), and the junior on its own completions as the reference."""
+    config, junior = run.config, run.junior
+    pad_id = junior.backend.pad_token_id
+    done: dict[str, dict] = {}
+
+    def score(key: str, senior, desc: str) -> dict:
+        if key not in done:
+            with run.progress(desc) as bar:
+                solo = run.models[key].solo
+                done[key] = legibility(senior, junior.model, run.rows, solo, pad_id, config.score_batch_size, bar)
+        return done[key]
+
+    for name, m in run.seniors():
+        results["checkpoints"][name]["legibility"] = dict(score(m.resolved, m.model, f"legibility {name}"))
+    own = score(run.junior_key, None, "legibility junior (self)")
+    results["junior"]["legibility_self"] = {
+        "junior_cross_entropy": own["junior_cross_entropy"],
+        "num_tokens": own["num_tokens"],
+    }
+
+
+def _authorship_views(run: _Run, schedule_outputs: dict[str, list[ScheduleOutput]]) -> list[SampleView]:
+    """The samples of ``samples.html``: per checkpoint, the training rule's first problems, then one senior-first
+    and one junior-first schedule."""
+    from ..authorship import authorship_spans
+
+    config = run.config
+    by_row = {(r["checkpoint"], r["schedule"], r["problem"], r["sample"]): r for r in run.records}
+    n_show = min(config.num_html_samples, len(run.prompts))
+    views = []
     for name, outputs in schedule_outputs.items():
         picks = [(outputs[0], n_show)] + [(o, min(2, n_show)) for o in outputs[1:3]]
         for out, count in picks:
             for problem in range(count):
                 row = problem * config.k
-                html_samples.append(
+                views.append(
                     SampleView(
                         checkpoint=name,
                         schedule=out.name,
-                        problem=prompts[problem][-1]["content"],
-                        gold=golds[problem],
+                        problem=run.prompts[problem][-1]["content"],
+                        gold=run.golds[problem],
                         correct=by_row[(name, out.name, problem, 0)]["correct"],
-                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], tokenizer),
+                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], run.tokenizer),
                     )
                 )
-
-    with (out_dir / "samples.jsonl").open("w", encoding="utf-8") as handle:
-        for r in records:
-            handle.write(json.dumps(r) + "\n")
-    timing["total"] = time.perf_counter() - started
-    results["timing_seconds"] = timing
-    results["outputs"] = {}
-    write_report(results, out_dir, html_samples)
-    logger.info("Wrote %s", out_dir / RESULTS_FILE)
-    return results
+    return views
 
 
 def _mean_len(completions: list[list[int]]) -> float:

@@ -2,7 +2,8 @@
 
 (a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself (a coin
     at every word boundary, junior with probability p), through
-    [`tandem_generate`][tandem_grpo.generation.tandem_generate].
+    [`tandem_generate`][tandem_grpo.generation.tandem_generate] (or the tandem vLLM engine:
+    [`engine_word_handoff_schedule`][tandem_grpo.evaluation.schedules.engine_word_handoff_schedule]).
 (b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
     ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
     completions with the junior; the mirror continues junior completions with the senior.
@@ -19,7 +20,7 @@ import torch
 
 from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, cut_at_eos, derive_seed
+from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed
 from .steps import handover_region
 
 
@@ -138,6 +139,46 @@ def word_handoff_schedule(
             "granularity": rule.granularity,
             "junior_probability": rule.junior_probability,
             "max_gap_tokens": rule.max_gap_tokens,
+        },
+    )
+
+
+def engine_word_handoff_schedule(
+    backend: VLLMBackend,
+    prompts: Sequence[Sequence[int]],
+    sampling: SamplingSettings,
+    rule: HandoffRule,
+    *,
+    max_new_tokens: int,
+    seed: int = 0,
+) -> ScheduleOutput:
+    """Schedule (a) on the tandem vLLM engine: ``backend``'s model in the senior slot, the engine's junior, the
+    training ``rule`` (what [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule] does
+    with transformers models).
+
+    Args:
+        backend: the senior's [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend].
+        prompts: token-id prompts, one completion each.
+        sampling: sampling settings (the ones training uses).
+        rule: the handoff rule.
+        max_new_tokens: completion length cap.
+        seed: coin streams use ``derive_seed(seed, "coin", row)``.
+
+    Returns:
+        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named and described as the transformers
+        schedule's, with ``settings["backend"] = "vllm"``.
+    """
+    ids, authorship = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed)
+    return ScheduleOutput(
+        name=word_schedule_name(rule),
+        completion_ids=ids,
+        authorship=authorship,
+        settings={
+            "kind": "word_handoff",
+            "granularity": rule.granularity,
+            "junior_probability": rule.junior_probability,
+            "max_gap_tokens": rule.max_gap_tokens,
+            "backend": "vllm",
         },
     )
 

