@@ -35,42 +35,74 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     senior = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
     junior = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    prompts = arithmetic_word_problems(args.num_sequences, seed=0)["prompt"]
+    result = time_generation(
+        senior, junior, tokenizer, num_sequences=args.num_sequences, max_new_tokens=args.max_new_tokens,
+        repeats=args.repeats, granularity=args.granularity,
+    )  # fmt: skip
+    print(f"model={args.model} sequences={args.num_sequences} new_tokens={args.max_new_tokens} "
+          f"threads={torch.get_num_threads()} repeats={args.repeats}")  # fmt: skip
+    print_result(result)
+
+
+def time_generation(
+    senior, junior, tokenizer, *, num_sequences: int = 16, max_new_tokens: int = 128, repeats: int = 3,
+    granularity: str = "word",
+) -> dict[str, float]:  # fmt: skip
+    """Median seconds of ``senior.generate`` and of co-generation with ``junior`` on the same batch, on the senior's
+    device (both models there already); one warm-up call each, then ``repeats`` interleaved timings.
+
+    Returns ``{"solo_s", "tandem_s", "ratio", "tokens"}``."""
+    device = senior.device
+    prompts = arithmetic_word_problems(num_sequences, seed=0)["prompt"]
     texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    batch = tokenizer(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+    batch = tokenizer(texts, return_tensors="pt", padding=True, padding_side="left", add_special_tokens=False)
+    batch = batch.to(device)
     width = senior.config.vocab_size
     tables = BoundaryTables.from_tokenizer(tokenizer, width, [])  # no EOS: both sides write every token
-    rule = HandoffRule(args.granularity, 0.5, 32)
+    rule = HandoffRule(granularity, 0.5, 32)
 
     def solo() -> None:
-        out = senior.generate(**batch, do_sample=True, max_new_tokens=args.max_new_tokens,
-                              min_new_tokens=args.max_new_tokens, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
-        assert out.shape[1] == batch.input_ids.shape[1] + args.max_new_tokens
+        out = senior.generate(**batch, do_sample=True, max_new_tokens=max_new_tokens,
+                              min_new_tokens=max_new_tokens, pad_token_id=tokenizer.pad_token_id)  # fmt: skip
+        assert out.shape[1] == batch.input_ids.shape[1] + max_new_tokens
 
     def tandem() -> None:
         out = tandem_generate(
             senior, junior, batch.input_ids, batch.attention_mask, rule=rule, tables=tables,
-            max_new_tokens=args.max_new_tokens, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id,
-            generator=torch.Generator().manual_seed(0),
+            max_new_tokens=max_new_tokens, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id,
+            generator=torch.Generator(device=device).manual_seed(0),
         )  # fmt: skip
-        assert out.completion_ids.shape[1] == args.max_new_tokens
+        assert out.completion_ids.shape[1] == max_new_tokens
+
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
 
     timings: dict[str, list[float]] = {"solo": [], "tandem": []}
     with torch.no_grad():
         solo(), tandem()  # warm-up
-        for _ in range(args.repeats):  # interleaved, so load changes hit both sides alike
+        for _ in range(repeats):  # interleaved, so load changes hit both sides alike
             for name, fn in (("solo", solo), ("tandem", tandem)):
+                sync()
                 start = time.perf_counter()
                 fn()
+                sync()
                 timings[name].append(time.perf_counter() - start)
-                print(f"repeat {len(timings[name])}/{args.repeats} {name:>6}: {timings[name][-1]:7.2f} s", flush=True)
+                print(f"repeat {len(timings[name])}/{repeats} {name:>6}: {timings[name][-1]:7.2f} s", flush=True)
     solo_s, tandem_s = statistics.median(timings["solo"]), statistics.median(timings["tandem"])
-    tokens = args.num_sequences * args.max_new_tokens
-    print(f"model={args.model} sequences={args.num_sequences} new_tokens={args.max_new_tokens} "
-          f"threads={torch.get_num_threads()} repeats={args.repeats}")  # fmt: skip
+    return {
+        "solo_s": solo_s,
+        "tandem_s": tandem_s,
+        "ratio": tandem_s / solo_s,
+        "tokens": num_sequences * max_new_tokens,
+    }
+
+
+def print_result(result: dict[str, float]) -> None:
+    solo_s, tandem_s, tokens = result["solo_s"], result["tandem_s"], result["tokens"]
     print(f"solo   model.generate : {solo_s:7.2f} s  ({tokens / solo_s:6.1f} tokens/s)")
     print(f"tandem co-generation  : {tandem_s:7.2f} s  ({tokens / tandem_s:6.1f} tokens/s)")
-    print(f"ratio tandem/solo     : {tandem_s / solo_s:.2f}x  (target <= 2.2x)")
+    print(f"ratio tandem/solo     : {result['ratio']:.2f}x  (target <= 2.2x)")
 
 
 if __name__ == "__main__":
