@@ -231,3 +231,27 @@ def tiny_prompts(n: int = 8):
     from datasets import Dataset
 
     return Dataset.from_dict({"prompt": ["ab c", "d e", "f.\ng", "h"] * (n // 4)})
+
+
+def assert_same_token_distributions(a: list[list[int]], b: list[list[int]], length: int) -> int:
+    """Chi-square two-sample test of the tokens at each of the first ``length`` positions of two sets of completions
+    (tokens seen fewer than 8 times pooled into one category); asserts p > 1e-3 at every testable position and
+    returns how many positions were testable."""
+    from scipy.stats import chi2_contingency
+
+    tested = 0
+    for position in range(length):
+        x = [row[position] for row in a if len(row) > position]
+        y = [row[position] for row in b if len(row) > position]
+        common = [t for t in sorted(set(x) | set(y)) if x.count(t) + y.count(t) >= 8]
+        table = [[x.count(t) for t in common] + [len(x)], [y.count(t) for t in common] + [len(y)]]
+        table[0][-1] -= sum(table[0][:-1])
+        table[1][-1] -= sum(table[1][:-1])
+        if table[0][-1] + table[1][-1] == 0:
+            table = [row[:-1] for row in table]
+        if len(table[0]) < 2:
+            continue
+        p_value = chi2_contingency(table).pvalue
+        assert p_value > 1e-3, (position, table, p_value)
+        tested += 1
+    return tested

@@ -13,11 +13,9 @@ import json
 
 import pytest
 import torch
-from conftest import SHARED_DATA, skip_without_vllm
+from conftest import SHARED_DATA, assert_same_token_distributions, skip_without_vllm
 
 skip_without_vllm()
-
-from scipy.stats import chi2_contingency  # noqa: E402
 
 from tandem_grpo.evaluation.backends import TransformersBackend, VLLMBackend, shared_engine  # noqa: E402
 from tandem_grpo.evaluation.cli import main  # noqa: E402
@@ -56,26 +54,6 @@ def transformers_backend(smollm2_path, smollm2_tokenizer) -> TransformersBackend
     return TransformersBackend(model, smollm2_tokenizer, batch_size=50, show_progress=False)
 
 
-def _same_distribution(a: list[list[int]], b: list[list[int]]) -> int:
-    """Chi-square two-sample test of the tokens at each position (tokens seen fewer than 8 times pooled); returns
-    how many positions were testable."""
-    tested = 0
-    for position in range(LENGTH):
-        x = [row[position] for row in a if len(row) > position]
-        y = [row[position] for row in b if len(row) > position]
-        common = [t for t in sorted(set(x) | set(y)) if x.count(t) + y.count(t) >= 8]
-        table = [[x.count(t) for t in common] + [0], [y.count(t) for t in common] + [0]]
-        table[0][-1], table[1][-1] = len(x) - sum(table[0]), len(y) - sum(table[1])
-        if table[0][-1] + table[1][-1] == 0:
-            table = [row[:-1] for row in table]
-        if len(table[0]) < 2:
-            continue
-        p_value = chi2_contingency(table).pvalue
-        assert p_value > 1e-3, (position, table, p_value)
-        tested += 1
-    return tested
-
-
 @pytest.mark.parametrize(
     "sampling",
     [SamplingSettings(), SamplingSettings(temperature=0.8, top_k=20, top_p=0.9)],
@@ -87,8 +65,8 @@ def test_solo_samples_match_the_transformers_backend(engine, smollm2_path, promp
     senior = VLLMBackend(engine, smollm2_path, is_junior=False).generate(rows, sampling, max_new_tokens=LENGTH)
     junior = VLLMBackend(engine, smollm2_path, is_junior=True).generate(rows, sampling, max_new_tokens=LENGTH)
     assert all(1 <= len(c) <= LENGTH for c in senior + junior)
-    assert _same_distribution(reference, senior) >= 1
-    assert _same_distribution(reference, junior) >= 1
+    assert assert_same_token_distributions(reference, senior, LENGTH) >= 1
+    assert assert_same_token_distributions(reference, junior, LENGTH) >= 1
 
 
 def test_training_rule_and_prefix_continuation_on_the_engine(engine, smollm2_path, prompt, smollm2_tokenizer):

