@@ -123,7 +123,10 @@ def resolve_model_path(name_or_path: str) -> str:
     target = _cache_dir() / name_or_path.replace("/", "--")
     logger.warning(
         "The model hub cannot be reached: using %s, the GGUF copy of %s from the `%s` package de-quantized to float32 "
-        "(close to, not equal to, the hub weights).", target, name_or_path, _GGUF_FALLBACKS[name_or_path][0]
+        "(close to, not equal to, the hub weights).",
+        target,
+        name_or_path,
+        _GGUF_FALLBACKS[name_or_path][0],
     )
     if (target / "config.json").is_file():
         return str(target)

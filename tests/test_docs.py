@@ -67,7 +67,9 @@ KEY_OBJECTS = [
 
 
 def _normalize(text: str) -> str:
-    """Text as a reader sees it: markup characters dropped, whitespace collapsed."""
+    """Text as a reader sees it: cross-references ``[text][target]`` shown as their text, markup characters dropped,
+    whitespace collapsed."""
+    text = re.sub(r"\[([^\]]+)\]\[[\w.]*\]", r"\1", text)
     return " ".join(re.sub(r"[`*]", "", text).split())
 
 

@@ -17,7 +17,12 @@ from conftest import SHARED_DATA, assert_same_token_distributions, skip_without_
 
 skip_without_vllm()
 
-from tandem_grpo.evaluation.backends import TransformersBackend, VLLMBackend, shared_engine  # noqa: E402
+from tandem_grpo.evaluation.backends import (  # noqa: E402
+    TransformersBackend,
+    VLLMBackend,
+    close_shared_engine,
+    shared_engine,
+)
 from tandem_grpo.evaluation.cli import main  # noqa: E402
 from tandem_grpo.evaluation.schedules import engine_word_handoff_schedule, step_schedule  # noqa: E402
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
@@ -33,7 +38,13 @@ LENGTH = 2  # tokens per completion there
 
 @pytest.fixture(scope="module")
 def engine(smollm2_path):
-    return shared_engine(smollm2_path, smollm2_path, dtype="float32", max_model_len=1024, seed=0)
+    yield shared_engine(smollm2_path, smollm2_path, dtype="float32", max_model_len=1024, seed=0)
+    # Later test modules start engines of their own: this one must give back its process group and memory.
+    close_shared_engine()
+    import os
+
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # left by the in-process engine
+        os.environ.pop(name, None)
 
 
 @pytest.fixture(scope="module")

