@@ -243,6 +243,19 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError("--seeds: give at least one seed.")
     if len(set(study.seeds)) != len(study.seeds):
         raise ValueError(f"--seeds {study.seeds}: each seed once.")
+    for name, values in (("--seeds", study.seeds), ("--eval_seed", [study.eval_seed])):
+        bad = [v for v in values if not 0 <= v < 2**32]
+        if bad:  # transformers.set_seed refuses them, in every arm's process after the model has loaded
+            raise ValueError(f"{name} {bad[0]}: seeds must be between 0 and 2**32 - 1.")
+    if study.eval_max_new_tokens is not None and study.eval_max_new_tokens < 1:
+        raise ValueError(f"--eval_max_new_tokens {study.eval_max_new_tokens}: must be >= 1 (omit it to use "
+                         "--max_completion_length).")  # fmt: skip
+    if training.beta:
+        raise ValueError(
+            f"--beta {training.beta}: a KL term in the GRPO and tandem arms would confound the comparison (with a "
+            "self-paired junior it is the KL-to-junior ablation itself). The KL-to-junior arm's coefficient is "
+            "--kl_beta."
+        )
     if study.kl_beta is None or not study.kl_beta > 0:
         raise ValueError(f"--kl_beta {study.kl_beta}: the KL-to-junior arm needs a KL coefficient > 0, e.g. 0.04.")
     if not training.junior_probability > 0:
@@ -310,7 +323,9 @@ def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
     num = study.num_problems or prompts_per_step(training) * training.max_steps
     if study.dataset_name is not None:
         return load_math_dataset(study.dataset_name, split=study.dataset_train_split, limit=num), None
-    want = study.eval_limit if study.eval_dataset is None else 0
+    if study.eval_dataset is not None:  # evaluated on another set: nothing to hold out
+        return arithmetic_word_problems(num, seed=study.problem_seed), None
+    want = study.eval_limit
     # A generous stream: the small operand ranges repeat problems, and repeats of training problems are dropped.
     stream = arithmetic_word_problems(num + 4 * want + 64, seed=study.problem_seed)
     train = stream.select(range(num))
@@ -342,7 +357,11 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
     else:
         eval_source = study.eval_dataset or study.dataset_name
         # Load it now: a missing split or a bad row fails here, not after hours of training.
-        load_math_dataset(eval_source, split=study.eval_split, limit=study.eval_limit)
+        try:
+            load_math_dataset(eval_source, split=study.eval_split, limit=study.eval_limit)
+        except (OSError, ValueError) as err:
+            flag = "--eval_dataset" if study.eval_dataset else "--dataset_name"
+            raise type(err)(f"{flag} {eval_source!r} (split {study.eval_split!r}): {err}") from err
     configs = {
         (seed, arm): arm_config(shared, arm, seed, root / f"seed-{seed}" / f"{arm}.partial", study.kl_beta)
         for seed in study.seeds
@@ -361,7 +380,9 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             limit=study.eval_limit,
             k=study.eval_k,
             sampling=SamplingSettings.from_config(shared),
-            max_new_tokens=study.eval_max_new_tokens or shared.max_completion_length,
+            max_new_tokens=study.eval_max_new_tokens
+            if study.eval_max_new_tokens is not None
+            else shared.max_completion_length,
             junior_probability=shared.junior_probability,
             handoff_granularity=shared.handoff_granularity,
             max_gap_tokens=shared.max_gap_tokens,

@@ -290,7 +290,10 @@ def tandem_generate(
         elif hasattr(senior, "disable_adapter"):
             forward = _two_models(senior, senior, senior.disable_adapter)
         else:
-            raise ValueError("`junior=None` means the base of a PEFT senior, but the senior is not a PEFT model.")
+            raise ValueError(
+                "`junior=None` means the base of a PEFT senior, but the senior is not a PEFT model: pass the junior "
+                "model, or wrap the senior with `peft.get_peft_model` to use its base as the junior."
+            )
         return _decode(forward, input_ids, attention_mask, rule, tables, tokenizer, sampling, max_new_tokens,
                        eos_token_ids, pad_token_id, seeds, generator, synced)  # fmt: skip
 

@@ -102,6 +102,11 @@ def test_dry_run_gpu_1(study, tmp_path, capsys, no_model_loading):
         (["--junior_probability", "2"], "junior_probability"),
         (["--no_such_flag", "1"], "no_such_flag"),
         (["--seeds", "1", "1"], "--seeds"),
+        (["--seeds", "-1"], "--seeds -1"),
+        (["--eval_seed", "99999999999"], "--eval_seed"),
+        (["--eval_max_new_tokens", "0"], "--eval_max_new_tokens"),
+        (["--beta", "0.1"], "--kl_beta"),
+        (["--eval_dataset", "no/such/file.jsonl"], "--eval_dataset"),
     ],
 )
 def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_loading):
@@ -110,6 +115,16 @@ def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_l
     assert exit_info.value.code == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("reproduce_paper.py: error:") and expected in err[0]
+
+
+def test_eval_dataset_replaces_the_held_out_problems(study, no_model_loading, tmp_path):
+    """With the built-in training set, --eval_dataset is what every seed's evaluation reads (nothing is held out)."""
+    data = tmp_path / "eval.jsonl"
+    data.write_text('{"question": "What is 2 + 3?", "answer": "5"}\n')
+    args, training = study.parse_args(["--preset", "cpu-small", "--eval_dataset", str(data), "--eval_limit", "1"])
+    plan = study.build_plan(args, training)
+    assert plan.eval_rows is None and plan.eval_source == str(data)
+    assert all(config.dataset == str(data) for config in plan.evaluation.values())
 
 
 @pytest.fixture(scope="module")
