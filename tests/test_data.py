@@ -420,3 +420,19 @@ def test_arithmetic_example_from_the_docs_reads_naturally():
 def test_arithmetic_rejects_non_positive_size():
     with pytest.raises(ValueError, match="num_problems"):
         arithmetic_word_problems(0)
+
+
+def test_instruction_is_appended_once_by_every_loader(tmp_path):
+    """The main job asks for one-line answers; GSM8K-style files keep step-by-step unless told otherwise."""
+    built_in = arithmetic_word_problems(5, seed=1, instruction=data.ONE_LINE_INSTRUCTION)
+    default = arithmetic_word_problems(5, seed=1)
+    for short, long in zip(built_in["prompt"], default["prompt"], strict=True):
+        assert short[0]["content"].endswith(data.ONE_LINE_INSTRUCTION)
+        assert short[0]["content"].removesuffix(data.ONE_LINE_INSTRUCTION) == long[0]["content"].removesuffix(
+            data.INSTRUCTION
+        )
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"question": "What is 2 + 3?", "answer": "5"}\n')
+    row = load_math_dataset(str(path), instruction=data.INSTRUCTIONS["one_line"])[0]
+    assert row["prompt"][0]["content"] == "What is 2 + 3?" + data.ONE_LINE_INSTRUCTION
+    assert load_math_dataset(str(path))[0]["prompt"][0]["content"] == "What is 2 + 3?" + data.INSTRUCTION

@@ -147,6 +147,8 @@ def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, 
     assert "--step_grid" in err
     err = _run_error([*common, "--junior", tiny_dirs["base"], "--temperature", "0"], capsys)
     assert "temperature" in err
+    err = _run_error([*common, "--junior", tiny_dirs["base"], "--instruction", "terse"], capsys)
+    assert "--instruction 'terse'" in err and "one_line" in err
     empty = tmp_path / "empty.jsonl"
     empty.write_text("")
     err = _run_error(
@@ -174,6 +176,7 @@ def test_parser_defaults_are_the_config_defaults():
     text = build_parser().format_help()
     assert "Largest k of the pass@k curve" in text and "(default: 32)" in text  # help from the field metadata
     assert "Softmax temperature" in text and "--no_progress" in text and "--skip" in text
+    assert "show_progress" not in text  # one progress flag in the help, not three
 
 
 def test_usage_errors_are_one_line(capsys, no_model_loading):

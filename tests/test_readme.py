@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -43,9 +46,30 @@ def test_the_readme_ten_line_example_runs_as_printed(tmp_path, smollm2_path):
     assert (tmp_path / "tandem-smollm2").is_dir()
 
 
-def test_readme_train_command_flags_exist():
-    command = next(line for line in README.read_text().splitlines() if line.startswith("accelerate launch"))
-    flags = [word[2:] for word in command.split() if word.startswith("--")]
-    source = (ROOT / "examples" / "train_math.py").read_text()
-    for flag in flags:
-        assert f"{flag}:" in source, f"README flag --{flag} is not a field of examples/train_math.py"
+def _readme_train_commands() -> list[list[str]]:
+    """The arguments of every ``accelerate launch ... examples/train_math.py ...`` command in the README's bash
+    blocks (continuation lines joined)."""
+    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
+    commands = []
+    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
+        words = shlex.split(line, comments=True)
+        if "launch" in words and "examples/train_math.py" in words:
+            commands.append(words[words.index("examples/train_math.py") + 1 :])
+    return commands
+
+
+def test_readme_train_commands_parse(monkeypatch):
+    """Every train_math.py command line the README prints parses with the script's own parser (an unknown or
+    misspelled flag is an error there), and the first, flagless one is the main job with its documented sizes."""
+    spec = importlib.util.spec_from_file_location("train_math", ROOT / "examples" / "train_math.py")
+    train_math = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, "train_math", train_math)  # its dataclasses look their module up there
+    spec.loader.exec_module(train_math)
+    commands = _readme_train_commands()
+    assert len(commands) >= 5 and commands[0] == []
+    for args in commands:
+        script_args, training, _ = train_math.build_parser().parse_args_and_config(args)
+        if not args:
+            assert (training.max_steps, training.max_completion_length, training.learning_rate) == (30, 64, 2e-5)
+            assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 16
+            assert train_math.instruction_text(script_args) == train_math.INSTRUCTIONS["one_line"]

@@ -73,8 +73,14 @@ def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
     _check_arms(study, plan, 1)
     _check_arms(study, plan, 2)
     # The held-out problems are not training problems.
-    train = {p[0]["content"].removesuffix(study.INSTRUCTION) for p in plan.train_dataset["prompt"]}
+    instruction = study.INSTRUCTIONS[plan.study.instruction]
+    assert plan.study.instruction == "one_line"
+    assert all(p[0]["content"].endswith(instruction) for p in plan.train_dataset["prompt"])
+    train = {p[0]["content"].removesuffix(instruction) for p in plan.train_dataset["prompt"]}
     assert len(plan.eval_rows) == plan.study.eval_limit and not train & {r["question"] for r in plan.eval_rows}
+    # The evaluation asks the held-out questions the way training asked: the same instruction, appended once.
+    assert all(not r["question"].endswith(instruction) for r in plan.eval_rows)
+    assert {c.instruction for c in plan.evaluation.values()} == {"one_line"}
     assert plan.shared.max_steps * study.prompts_per_step(plan.shared) == len(plan.train_dataset)
 
 
@@ -100,13 +106,17 @@ def test_dry_run_gpu_1(study, tmp_path, capsys, no_model_loading):
         (["--preset", "tpu"], "--preset"),
         (["--junior_probability", "0"], "--junior_probability"),
         (["--junior_probability", "2"], "junior_probability"),
-        (["--no_such_flag", "1"], "no_such_flag"),
         (["--seeds", "1", "1"], "--seeds"),
         (["--seeds", "-1"], "--seeds -1"),
         (["--eval_seed", "99999999999"], "--eval_seed"),
         (["--eval_max_new_tokens", "0"], "--eval_max_new_tokens"),
         (["--beta", "0.1"], "--kl_beta"),
         (["--eval_dataset", "no/such/file.jsonl"], "--eval_dataset"),
+        (["--instruction", "terse"], "--instruction 'terse'"),
+        (["--eval_k", "0"], "--eval_k 0"),
+        (["--eval_step_grid", "0"], "--eval_step_grid [0]"),
+        (["--eval_backend", "tgi"], "--eval_backend 'tgi'"),
+        (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
     ],
 )
 def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_loading):

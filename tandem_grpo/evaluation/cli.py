@@ -68,6 +68,8 @@ class EvaluateParser(HfArgumentParser):
         for action in self._actions:
             if action.dest in SAMPLING_HELP:
                 action.help = SAMPLING_HELP[action.dest]
+            elif action.dest == "show_progress":  # HfArgumentParser makes two flags; --no_progress is the one shown
+                action.help = argparse.SUPPRESS
         self.add_argument("--skip", nargs="+", default=[], choices=MEASUREMENTS, help="Measurements to leave out.")
         self.add_argument("--no_progress", dest="show_progress", action="store_false", help="Hide progress bars.")
 

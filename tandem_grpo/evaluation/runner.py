@@ -33,6 +33,7 @@ from pathlib import Path
 
 import torch
 
+from ..data import INSTRUCTIONS
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend, derive_seed, shared_engine
@@ -107,6 +108,8 @@ class EvaluationConfig:
     dataset: str = _arg("gsm8k", "A jsonl path or a short name: gsm8k, math500, minerva_math, aime24, amc23, "
                         "multiarith.")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
+    instruction: str = _arg("step_by_step", "What each question asks for: step_by_step or one_line (use the one "
+                            "the checkpoints were trained with; tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
     limit: int | None = _arg(None, "Evaluate the first N problems (default: all of the split).")
     k: int = _arg(4, "Completions sampled per problem (n of the pass@k estimator).")
     pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")
@@ -181,6 +184,8 @@ class EvaluationConfig:
                 f"--step_grid {list(self.step_grid)}: step counts must be >= 1 (s=0 is the other model alone, "
                 "reported as its solo score)."
             )
+        if self.instruction not in INSTRUCTIONS:
+            raise EvaluationError(f"--instruction {self.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
         unknown = [m for m in self.measurements if m not in MEASUREMENTS]
         if unknown:
             raise EvaluationError(f"Unknown measurement(s) {unknown}; choose from {list(MEASUREMENTS)}.")
@@ -235,7 +240,8 @@ def _load_problems(config: EvaluationConfig) -> tuple[list, list[str]]:
     from ..data import load_math_dataset
 
     try:
-        dataset = load_math_dataset(config.dataset, split=config.split, limit=config.limit)
+        dataset = load_math_dataset(config.dataset, split=config.split, limit=config.limit,
+                                    instruction=INSTRUCTIONS[config.instruction])  # fmt: skip
     except (ValueError, OSError, RuntimeError) as err:
         raise EvaluationError(
             f"--dataset {config.dataset!r} (split {config.split!r}) could not be loaded: {err}"

@@ -1,0 +1,117 @@
+"""Does the main job learn? Run ``accelerate launch examples/train_math.py`` (its defaults) once per seed and compare
+the first and the last logged steps of each seed's reward curves.
+
+    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 40 min)
+    python bench/main_job_seeds.py --seeds 3 --window 10    # another seed, 10-step windows
+    python bench/main_job_seeds.py --reuse                  # only re-read finished runs' log_history.json
+
+Each seed trains in ``<output_dir>/seed-<s>`` (a run whose ``log_history.json`` exists is reused, not retrained, with
+``--reuse``). For each seed it prints the wall time of the whole command (start-up included), the mean format reward
+and team reward over the first and the last ``--window`` steps, their difference with a bootstrap 95% interval
+(resampling the steps of each window), and whether the last window is higher. It writes ``seeds.json`` and
+``seeds.png`` (format and team reward per step, one line per seed) to ``--output_dir``. Arguments after ``--`` go to
+train_math.py unchanged, e.g. ``-- --max_steps 10``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+CURVES = {"format": "rewards/format_reward/mean", "team": "reward"}
+
+
+def run_seed(seed: int, output_dir: Path, extra: list[str]) -> float:
+    """Train one seed with the main job's command; returns the wall time in seconds."""
+    command = ["accelerate", "launch", str(ROOT / "examples" / "train_math.py"), "--seed", str(seed),
+               "--output_dir", str(output_dir), "--log_completions", "false", *extra]  # fmt: skip
+    print("$", " ".join(command), flush=True)
+    start = time.perf_counter()
+    subprocess.run(command, check=True)
+    return time.perf_counter() - start
+
+
+def window_difference(first: np.ndarray, last: np.ndarray, rng: np.random.Generator) -> dict:
+    """Mean of ``last`` minus mean of ``first`` with a bootstrap 95% interval (each window resampled on its own)."""
+    draws = [rng.choice(last, last.size).mean() - rng.choice(first, first.size).mean() for _ in range(10_000)]
+    low, high = np.percentile(draws, [2.5, 97.5])
+    return {"first": float(first.mean()), "last": float(last.mean()), "difference": float(last.mean() - first.mean()),
+            "ci95": [float(low), float(high)]}  # fmt: skip
+
+
+def summarize(history: list[dict], window: int, seed: int) -> dict:
+    steps = [h for h in history if CURVES["format"] in h and "step" in h]
+    if len(steps) < 2 * window:
+        raise SystemExit(f"seed {seed}: {len(steps)} logged steps, fewer than two windows of {window}.")
+    rng = np.random.default_rng(seed)
+    out = {"steps": [h["step"] for h in steps]}
+    for name, key in CURVES.items():
+        values = np.array([h[key] for h in steps], dtype=float)
+        out[name] = {"curve": values.tolist(), **window_difference(values[:window], values[-window:], rng)}
+    return out
+
+
+def plot(results: dict[int, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    for ax, name in zip(axes, CURVES, strict=True):
+        for seed, result in results.items():
+            ax.plot(result["steps"], result[name]["curve"], marker="o", markersize=2, label=f"seed {seed}")
+        ax.set_title(f"{name} reward (mean of 16 completions)", fontsize=9)
+        ax.set_xlabel("optimizer step", fontsize=8)
+        ax.set_ylim(-0.05, 2.05 if name == "team" else 1.05)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main() -> None:
+    argv = sys.argv[1:]
+    extra = argv[argv.index("--") + 1 :] if "--" in argv else []
+    argv = argv[: argv.index("--")] if "--" in argv else argv
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    parser.add_argument("--window", type=int, default=5, help="Steps in the first and the last window.")
+    parser.add_argument("--output_dir", default="outputs/main-job-seeds")
+    parser.add_argument("--reuse", action="store_true", help="Reuse runs whose log_history.json exists.")
+    args = parser.parse_args(argv)
+    if args.window < 1:
+        parser.error(f"--window {args.window}: must be >= 1.")
+    root = Path(args.output_dir)
+    results = {}
+    for seed in args.seeds:
+        folder = root / f"seed-{seed}"
+        log = folder / "log_history.json"
+        wall = None
+        if not (args.reuse and log.is_file()):
+            wall = run_seed(seed, folder, extra)
+        results[seed] = {"wall_s": wall, **summarize(json.loads(log.read_text()), args.window, seed)}
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "seeds.json").write_text(json.dumps({"window": args.window, "extra_args": extra, "seeds": results},
+                                                indent=1))  # fmt: skip
+    plot(results, root / "seeds.png")
+    print(f"\nfirst vs last {args.window} steps (mean reward per step; bootstrap 95% interval of the difference)")
+    for seed, r in results.items():
+        wall = f"{r['wall_s'] / 60:.1f} min" if r["wall_s"] is not None else "reused"
+        parts = [f"{name} {r[name]['first']:.3f} -> {r[name]['last']:.3f} ({r[name]['difference']:+.3f}, "
+                 f"[{r[name]['ci95'][0]:+.3f}, {r[name]['ci95'][1]:+.3f}])" for name in CURVES]  # fmt: skip
+        learned = "higher" if r["format"]["difference"] > 0 or r["team"]["difference"] > 0 else "not higher"
+        print(f"seed {seed} ({wall}): " + "; ".join(parts) + f"; last window {learned}")
+    print(f"wrote {root / 'seeds.json'} and {root / 'seeds.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,26 @@
+"""The argument parser of the example scripts (``examples/train_math.py``, ``examples/reproduce_paper.py``)."""
+
+from __future__ import annotations
+
+from trl import TrlParser
+
+
+class ScriptParser(TrlParser):
+    """TRL's ``TrlParser`` (one flag per dataclass field, ``--config`` YAML files) with argparse's usage errors.
+
+    Two differences, both about errors: a bad flag prints one ``<prog>: error: ... (see --help)`` line and exits with
+    status 2 (argparse would print the whole usage first, 200+ lines for a ``GRPOConfig``); and an unknown flag is
+    such an error (``unrecognized arguments: --lr 1``), where ``HfArgumentParser`` raises a ``ValueError`` about
+    arguments "not used by the HfArgumentParser".
+    """
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+    def parse_args_into_dataclasses(self, args=None, return_remaining_strings: bool = False, **kwargs):
+        *parsed, remaining = super().parse_args_into_dataclasses(args, return_remaining_strings=True, **kwargs)
+        if return_remaining_strings:
+            return (*parsed, remaining)
+        if remaining:
+            self.error(f"unrecognized arguments: {' '.join(remaining)}")
+        return tuple(parsed)
