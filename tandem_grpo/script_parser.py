@@ -1,4 +1,8 @@
-"""The argument parser of the example scripts (``examples/train_math.py``, ``examples/reproduce_paper.py``)."""
+"""The argument parser of the example scripts (``examples/train_math.py``, ``examples/reproduce_paper.py``).
+
+Follows TRL's own scripts (``trl/scripts/grpo.py`` parses ``ScriptArguments``, ``GRPOConfig`` and ``ModelConfig``
+with ``TrlParser``); only the error handling differs.
+"""
 
 from __future__ import annotations
 
@@ -15,9 +19,12 @@ class ScriptParser(TrlParser):
     """
 
     def error(self, message: str):
+        """Print ``<prog>: error: <message> (see --help)`` and exit with status 2 (``SystemExit``)."""
         self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
 
     def parse_args_into_dataclasses(self, args=None, return_remaining_strings: bool = False, **kwargs):
+        """``HfArgumentParser.parse_args_into_dataclasses``; leftover strings are returned only when asked for,
+        otherwise they are a usage error (:meth:`error`, exit status 2)."""
         *parsed, remaining = super().parse_args_into_dataclasses(args, return_remaining_strings=True, **kwargs)
         if return_remaining_strings:
             return (*parsed, remaining)
