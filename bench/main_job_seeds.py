@@ -1,16 +1,16 @@
 """Does the main job learn? Run ``accelerate launch examples/train_math.py`` (its defaults) once per seed and compare
 the first and the last logged steps of each seed's reward curves.
 
-    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 40 min)
+    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 45 min)
     python bench/main_job_seeds.py --seeds 3 --window 10    # another seed, 10-step windows
     python bench/main_job_seeds.py --reuse                  # only re-read finished runs' log_history.json
 
 Each seed trains in ``<output_dir>/seed-<s>`` (a run whose ``log_history.json`` exists is reused, not retrained, with
-``--reuse``). For each seed it prints the wall time of the whole command (start-up included), the mean format reward
-and team reward over the first and the last ``--window`` steps, their difference with a bootstrap 95% interval
-(resampling the steps of each window), and whether the last window is higher. It writes ``seeds.json`` and
-``seeds.png`` (format and team reward per step, one line per seed) to ``--output_dir``. Arguments after ``--`` go to
-train_math.py unchanged, e.g. ``-- --max_steps 10``.
+``--reuse``). For each seed it prints the wall time of the whole command (start-up included; not for reused runs), the
+trainer's ``train_runtime``, and the mean format, team and accuracy reward over the first and the last ``--window``
+steps with their difference and its bootstrap 95% interval (resampling the steps of each window). It writes
+``seeds.json`` and ``seeds.png`` (the three rewards per step, one line per seed) to ``--output_dir``. Arguments after
+``--`` go to train_math.py unchanged, e.g. ``-- --max_steps 10``.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
-CURVES = {"format": "rewards/format_reward/mean", "team": "reward"}
+CURVES = {"format": "rewards/format_reward/mean", "team": "reward", "accuracy": "rewards/accuracy_reward/mean"}
 
 
 def run_seed(seed: int, output_dir: Path, extra: list[str]) -> float:
@@ -51,7 +51,8 @@ def summarize(history: list[dict], window: int, seed: int) -> dict:
     if len(steps) < 2 * window:
         raise SystemExit(f"seed {seed}: {len(steps)} logged steps, fewer than two windows of {window}.")
     rng = np.random.default_rng(seed)
-    out = {"steps": [h["step"] for h in steps]}
+    runtime = next((h["train_runtime"] for h in history if "train_runtime" in h), None)
+    out = {"train_runtime_s": runtime, "steps": [h["step"] for h in steps]}
     for name, key in CURVES.items():
         values = np.array([h[key] for h in steps], dtype=float)
         out[name] = {"curve": values.tolist(), **window_difference(values[:window], values[-window:], rng)}
@@ -64,13 +65,13 @@ def plot(results: dict[int, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(8, 3))
+    fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3))
     for ax, name in zip(axes, CURVES, strict=True):
         for seed, result in results.items():
             ax.plot(result["steps"], result[name]["curve"], marker="o", markersize=2, label=f"seed {seed}")
         ax.set_title(f"{name} reward (mean of 16 completions)", fontsize=9)
         ax.set_xlabel("optimizer step", fontsize=8)
-        ax.set_ylim(-0.05, 2.05 if name == "team" else 1.05)
+        ax.set_ylim(-0.05, 2.05 if name == "team" else 1.05)  # team = accuracy + format
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()
@@ -90,6 +91,8 @@ def main() -> None:
     args = parser.parse_args(argv)
     if args.window < 1:
         parser.error(f"--window {args.window}: must be >= 1.")
+    if len(set(args.seeds)) != len(args.seeds):
+        parser.error(f"--seeds {args.seeds}: each seed once.")
     root = Path(args.output_dir)
     results = {}
     for seed in args.seeds:
@@ -106,6 +109,7 @@ def main() -> None:
     print(f"\nfirst vs last {args.window} steps (mean reward per step; bootstrap 95% interval of the difference)")
     for seed, r in results.items():
         wall = f"{r['wall_s'] / 60:.1f} min" if r["wall_s"] is not None else "reused"
+        wall += f", train_runtime {r['train_runtime_s'] / 60:.1f} min" if r["train_runtime_s"] else ""
         parts = [f"{name} {r[name]['first']:.3f} -> {r[name]['last']:.3f} ({r[name]['difference']:+.3f}, "
                  f"[{r[name]['ci95'][0]:+.3f}, {r[name]['ci95'][1]:+.3f}])" for name in CURVES]  # fmt: skip
         learned = "higher" if r["format"]["difference"] > 0 or r["team"]["difference"] > 0 else "not higher"

@@ -264,6 +264,8 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError("--kl_to_junior is set per arm by this script (the kl_to_junior arm); leave it out.")
     if study.dtype not in ("float32", "bfloat16", "float16"):
         raise ValueError(f"--dtype {study.dtype!r}: choose float32, bfloat16 or float16.")
+    if study.eval_limit is not None and study.eval_limit < 1:
+        raise ValueError(f"--eval_limit {study.eval_limit}: must be >= 1 (omit it for the preset's number).")
     if study.eval_backend not in ("transformers", "vllm"):
         raise ValueError(f"--eval_backend {study.eval_backend!r}: choose transformers or vllm.")
     if study.instruction not in INSTRUCTIONS:

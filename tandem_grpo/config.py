@@ -100,6 +100,9 @@ class TandemGRPOConfig(GRPOConfig):
                 "kl_to_junior=True with sync_ref_model=True would move the junior (the KL reference) toward the "
                 "senior during training; the junior is frozen. Set sync_ref_model=False."
             )
+        if self.max_completion_length is not None and self.max_completion_length < 1:
+            # GRPOConfig accepts 0 and generation then fails after the models load.
+            raise ValueError(f"max_completion_length={self.max_completion_length!r} must be >= 1 (tokens).")
         if self.junior_model_name_or_path is not None and not str(self.junior_model_name_or_path).strip():
             raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")
         if self.bf16 is None and not self.fp16:

@@ -12,11 +12,17 @@ from trl import TrlParser
 class ScriptParser(TrlParser):
     """TRL's ``TrlParser`` (one flag per dataclass field, ``--config`` YAML files) with argparse's usage errors.
 
-    Two differences, both about errors: a bad flag prints one ``<prog>: error: ... (see --help)`` line and exits with
-    status 2 (argparse would print the whole usage first, 200+ lines for a ``GRPOConfig``); and an unknown flag is
-    such an error (``unrecognized arguments: --lr 1``), where ``HfArgumentParser`` raises a ``ValueError`` about
-    arguments "not used by the HfArgumentParser".
+    Three differences, all about errors: flags are never abbreviated (``allow_abbrev=False``); a bad flag prints one
+    ``<prog>: error: ... (see --help)`` line and exits with status 2 (argparse would print the whole usage first,
+    200+ lines for a ``GRPOConfig``); and an unknown flag is such an error (``unrecognized arguments: --lr 1``),
+    where ``HfArgumentParser`` raises a ``ValueError`` about arguments "not used by the HfArgumentParser".
     """
+
+    def __init__(self, *args, **kwargs) -> None:
+        # Without this, argparse takes any unambiguous prefix (--learning for --learning_rate) and calls a short one
+        # such as --lr "ambiguous"; a misspelled or shortened flag is refused as unrecognized instead.
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
 
     def error(self, message: str):
         """Print ``<prog>: error: <message> (see --help)`` and exit with status 2 (``SystemExit``)."""
