@@ -43,11 +43,11 @@ built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``
 (``--instruction one_line``), with the main job's training settings (``examples/train_math.py``, whose format reward
 rises within them): 4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps per arm;
 evaluated on 20 held-out problems of the same generator (problems that also occur in the training set are dropped),
-k = 4, 64 new tokens, step schedules s = 1. Step times, measured alone on 2 CPU cores at 2 torch threads: about 27 s
-per tandem step of 16 completions x 64 tokens; the GRPO and KL-to-junior steps and the evaluation are scaled in
-``TIMINGS`` from earlier one-thread measurements (``--dry_run`` prints the estimate for the settings given; the run
-prints each arm's and each evaluation's wall time, and ``results.json`` holds each arm's ``train_runtime``). At this
-size the study shows the pipeline and the shape of the comparison; read its intervals before its means.
+k = 4, 64 new tokens, step schedules s = 1. Run here (2 CPU cores, nothing else running for most of it; the committed
+``results/cpu-small``): 51 minutes in all; median step 20.8 s GRPO, 27.5 s tandem, 23.2 s KL-to-junior; arms 14.3,
+14.1 and 11.9 min with start-up and saving (GRPO's slowed by tests run beside it for a few minutes); evaluation 10.6
+min. ``--dry_run`` prints the estimate for the settings given, from those step times (``TIMINGS``). At this size the
+study shows the pipeline and the shape of the comparison; read its intervals before its means.
 
 ``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, 16 prompts x
 8 generations per step, 512 completion tokens, 100 steps per arm, bf16, colocated vLLM rollouts
@@ -202,8 +202,10 @@ COMMON_TRAINING = dict(
 # are guesses from the sizes, not measurements. Training steps scale with completions x tokens; the evaluation per
 # problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
 TIMINGS = {
-    "cpu-small": dict(measured=True, step={"grpo": 36.5, "tandem": 59.0, "kl_to_junior": 37.6}, completions=8,
-                      tokens=128, eval_base=52.5, eval_schedule=32.8, eval_k=4, eval_tokens=128, overhead=100.0),
+    # Median step times of the committed run (results/cpu-small); its evaluation took 10.6 min for 20 problems, split
+    # between solo samples plus legibility and each handoff schedule in the proportion measured earlier (52.5 : 32.8).
+    "cpu-small": dict(measured=True, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
+                      tokens=64, eval_base=11.1, eval_schedule=6.9, eval_k=4, eval_tokens=64, overhead=60.0),
     "gpu-1": dict(measured=False, step={"grpo": 7.0, "tandem": 10.0, "kl_to_junior": 8.0}, completions=128,
                   tokens=512, eval_base=0.6, eval_schedule=0.15, eval_k=8, eval_tokens=512, overhead=600.0),
 }  # fmt: skip

@@ -60,6 +60,9 @@ def test_server_command_carries_the_tandem_flags(monkeypatch, tiny_checkpoint):
     assert command[command.index("--port") + 1] == "8011"
     assert "processed_logprobs" in command
     assert "--no-async-scheduling" in command  # the logits processor needs every sampled token before the next step
+    # A prefix of one of our flags is not taken for it: it goes on to vLLM as typed.
+    command = server_command(["--model", tiny_checkpoint, "--gpu_memory", "0.3"])
+    assert command[command.index("--gpu_memory") + 1] == "0.3"
 
 
 def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint):

@@ -60,6 +60,7 @@ class EvaluateParser(HfArgumentParser):
         super().__init__(
             (EvaluationConfig, SamplingSettings),
             prog=prog,
+            allow_abbrev=False,  # a shortened flag is refused, as in the example scripts (tandem_grpo.script_parser)
             formatter_class=_HelpFormatter,
             description="Measure solo capability (pass@k, its curve and coverage), handoff robustness, distribution "
             "drift and legibility to the junior (Tandem RL, arXiv 2606.28166, section 5) and write results.json, "

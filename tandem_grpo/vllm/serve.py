@@ -83,7 +83,8 @@ def server_command(argv: list[str] | None = None) -> list[str]:
     from trl import TrlParser
     from trl.scripts.vllm_serve import ScriptArguments, build_command
 
-    parser = TrlParser((ScriptArguments, TandemServeArguments), prog="tandem-grpo vllm-serve")
+    # No abbreviations: flags this parser does not know go on to vLLM, and a prefix of one of ours must not catch them.
+    parser = TrlParser((ScriptArguments, TandemServeArguments), prog="tandem-grpo vllm-serve", allow_abbrev=False)
     script_args, tandem_args, extra_args = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
     script_args, extra_args = build_tandem_command(script_args, tandem_args, extra_args)
     command = build_command(script_args, extra_args)
