@@ -52,10 +52,10 @@ INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within 
 ONE_LINE_INSTRUCTION = (
     "\n\nCompute it in one line, then give the answer as \\boxed{}. Example: 3 + 4 = 7, so \\boxed{7}."
 )
-"""A short-answer instruction for small models and short completions. Measured on SmolLM2-135M-Instruct (8 built-in
-problems x 4 samples, temperature 1, 64 new tokens): 28% of completions give a ``\\boxed{}`` answer and 38% reach the
-token cap, against 0% and 75-94% with [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO no reward to
-learn from at that length."""
+"""A short-answer instruction for small models and short completions. Measured on SmolLM2-135M-Instruct with
+``python bench/probe_instructions.py`` (8 built-in problems x 4 samples, temperature 1, 64 new tokens): 25% of
+completions give a ``\\boxed{}`` answer and 28% reach the token cap, against 3% and 91% with
+[`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO almost no reward to learn from at that length."""
 
 INSTRUCTIONS: dict[str, str] = {"step_by_step": INSTRUCTION, "one_line": ONE_LINE_INSTRUCTION}
 """The instructions by the names the command lines take (``--instruction step_by_step|one_line``)."""
