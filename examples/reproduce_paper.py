@@ -268,8 +268,10 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError(f"--dtype {study.dtype!r}: choose float32, bfloat16 or float16.")
     if study.eval_limit is not None and study.eval_limit < 1:
         raise ValueError(f"--eval_limit {study.eval_limit}: must be >= 1 (omit it for the preset's number).")
-    if study.eval_backend not in ("transformers", "vllm"):
-        raise ValueError(f"--eval_backend {study.eval_backend!r}: choose transformers or vllm.")
+    from tandem_grpo.evaluation.backends import BACKENDS
+
+    if study.eval_backend not in BACKENDS:
+        raise ValueError(f"--eval_backend {study.eval_backend!r}: choose {' or '.join(BACKENDS)}.")
     if study.instruction not in INSTRUCTIONS:
         raise ValueError(f"--instruction {study.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
     if study.num_problems is not None and study.num_problems < 1:
