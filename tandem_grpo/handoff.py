@@ -1,35 +1,55 @@
 """The handoff rule: who writes the next token of a tandem completion. One implementation, shared by every backend.
 
 Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 3 (tandem rollouts).
+Two rules are implemented; ``HandoffRule.mode`` picks one.
 
-Each sequence carries a [`HandoffState`][tandem_grpo.handoff.HandoffState]: the current owner ``o`` (who writes the
-running unit), a pre-drawn owner ``n`` for the next unit, the running unit's length, and a per-sequence coin stream.
-At each position the set ``B`` of tokens that would *start a new unit* is
+``"after_boundary"`` (default; the paper authors' rule, CSSLab/Tandem-RLVR ``vllm_source/vllm/v1/sample/
+tandem_sampler.py``, ``word`` strategy): the active model samples the next token from its own full distribution.
+Right *after* it emits a boundary token, a coin draws the author of the next token (junior with probability
+``junior_probability``); so does the first completion token, and a unit that has lasted ``max_gap_tokens`` tokens.
+The boundary token stays with the author who wrote it. Boundary tokens per granularity:
+
+- ``"word"``: tokens whose text starts with a space (byte-level BPE's ``Ġ``, SentencePiece's ``▁``); newline and EOS
+  are not boundaries (the authors' ``build_word_boundary_ids.py``);
+- ``"sentence"``: tokens whose text ends with ``.``, ``!``, ``?`` or a newline;
+- ``"token"``: every token (a coin per token).
+
+Authorship is then a function of the prefix and the coins alone, so the trajectory's probability factors into the
+coins times ``p_s(x_t)`` on the senior's tokens times ``p_j(x_t)`` on the junior's: masking the junior's tokens gives
+the exact policy gradient.
+
+``"whole_unit"`` (tandem-grpo 0.1's rule): each unit (a word, a sentence) is written by one author. At each position
+the set ``B`` of tokens that would *start a new unit* is
 
 - ``"word"``: tokens whose text starts with whitespace (this includes newlines), and EOS;
 - ``"sentence"``: every token when the previous token ended with ``.``, ``!``, ``?`` or a newline; otherwise EOS;
 - ``"token"``: every token;
 - any granularity: every token at the first completion position, and once the running unit has lasted
-  ``max_gap_tokens`` tokens (the paper's cap for long sub-word runs such as numbers or LaTeX).
+  ``max_gap_tokens`` tokens.
 
-The rule: sample ``x`` from ``o``'s distribution; if ``x`` is in ``B`` and ``n != o``, replace ``x`` by a sample from
-``n``'s distribution restricted to ``B``; if ``x`` is in ``B`` the unit's owner becomes ``n`` and a fresh ``n`` is
-drawn (junior with probability ``junior_probability``). Sampling ``x`` that way is the same as sampling once from
-the mixture
+Sample ``x`` from the current owner ``o``; if ``x`` is in ``B`` and the pre-drawn next owner ``n != o``, replace ``x``
+by a sample from ``n`` restricted to ``B``; ``x`` in ``B`` passes the unit to ``n``. That is one draw from the mixture
 
     P(x) = p_o(x)                       for x not in B
     P(x) = p_o(B) * p_n(x) / p_n(B)     for x in B        (P = p_o when n == o)
 
-and the author of ``x`` is then a function of ``x``: ``n`` when ``x`` is in ``B``, else ``o``. That is why
-[`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs] returns log P for a sampler to draw from (a vLLM logits
-processor can hand it to vLLM's sampler unchanged), and [`advance`][tandem_grpo.handoff.advance] recovers authorship
-from the sampled tokens alone. With a junior that equals the senior, ``P = p`` exactly: self-paired tandem rollouts
-are distributed like solo rollouts.
+and the author of ``x`` is a function of ``x``. The senior's factor of ``P`` is not ``p_s(x)`` at a handoff: it is
+``p_s(x) / p_s(B)`` where the senior takes a unit over and ``p_s(B)`` where it hands one to the junior. The exact
+per-token score terms ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]) carry those
+``log p_s(B)`` terms, with coefficients from [`replay`][tandem_grpo.handoff.replay]; where ``B`` is every token
+(forced decisions, the ``"token"`` granularity) ``log p_s(B) = 0``.
+
+Both rules are this one mixture with different ``B``: under ``"after_boundary"`` ``B`` is every token at a position
+that draws a coin and empty elsewhere, so ``P = p_n`` there and ``P = p_o`` elsewhere. That is why one
+[`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs] (what a sampler draws from; a vLLM logits processor hands
+it to vLLM's sampler unchanged) and one [`advance`][tandem_grpo.handoff.advance] (authorship from the sampled tokens)
+serve both. With a junior that equals the senior, ``P = p`` exactly: self-paired tandem rollouts are distributed like
+solo rollouts under either rule.
 
 Coins are counter-based: the owner of unit ``k`` of a sequence with seed ``s`` is a hash of ``(s, k)``
 ([`draw_owners`][tandem_grpo.handoff.draw_owners]), so authorship can be rebuilt from the seed and the tokens
-([`replay_authorship`][tandem_grpo.handoff.replay_authorship]) and does not depend on batch composition or on which
-backend generated the text.
+([`replay`][tandem_grpo.handoff.replay]) and does not depend on batch composition or on which backend generated the
+text.
 """
 
 from __future__ import annotations
@@ -45,18 +65,23 @@ SENIOR = 1
 JUNIOR = 0
 GRANULARITIES = ("token", "word", "sentence")
 Granularity = Literal["token", "word", "sentence"]
+MODES = ("after_boundary", "whole_unit")
+Mode = Literal["after_boundary", "whole_unit"]
 _SENTENCE_END = (".", "!", "?", "\n")
 _MASK32 = 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
 class HandoffRule:
-    """Settings of the handoff rule (paper defaults: word units, p = 0.5, a 32-token cap).
+    """Settings of the handoff rule (paper defaults: the authors' rule, word units, p = 0.5, a 32-token cap).
 
     Args:
         granularity: ``"token"``, ``"word"`` (default) or ``"sentence"``: what a unit is.
         junior_probability: chance in [0, 1] that a new unit is written by the junior; 0 = senior alone.
         max_gap_tokens: a unit that has lasted this many tokens (>= 1) forces a handoff decision.
+        mode: ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary token, every token
+            from its author's own distribution) or ``"whole_unit"`` (each unit written by one author; the senior's
+            loss then carries the ``log p_s(B)`` terms of the module docstring).
 
     Raises:
         ValueError: a value outside its range, naming the field.
@@ -65,29 +90,39 @@ class HandoffRule:
     granularity: Granularity = "word"
     junior_probability: float = 0.5
     max_gap_tokens: int = 32
+    mode: Mode = "after_boundary"
 
     def __post_init__(self) -> None:
-        validate_rule_fields(self.granularity, self.junior_probability, self.max_gap_tokens)
+        validate_rule_fields(self.granularity, self.junior_probability, self.max_gap_tokens, self.mode)
 
     @classmethod
     def from_config(cls, config) -> HandoffRule:
-        """The rule of any object with the fields ``handoff_granularity``, ``junior_probability`` and
-        ``max_gap_tokens`` (a ``TandemGRPOConfig``, an ``EvaluationConfig``): the one way to build it from a config.
+        """The rule of any object with the fields ``handoff_granularity``, ``junior_probability``,
+        ``max_gap_tokens`` and ``handoff_mode`` (a ``TandemGRPOConfig``, an ``EvaluationConfig``; a missing
+        ``handoff_mode`` is the default): the one way to build it from a config.
 
         Raises:
             ValueError: a value outside its range, naming the field (checked before any conversion).
         """
-        granularity, probability, max_gap = (
+        granularity, probability, max_gap, mode = (
             config.handoff_granularity,
             config.junior_probability,
             config.max_gap_tokens,
+            getattr(config, "handoff_mode", "after_boundary"),
         )
-        validate_rule_fields(granularity, probability, max_gap)
-        return cls(granularity, float(probability), int(max_gap))
+        validate_rule_fields(granularity, probability, max_gap, mode)
+        return cls(granularity, float(probability), int(max_gap), mode)
 
 
-def validate_rule_fields(granularity: object, junior_probability: object, max_gap_tokens: object) -> None:
+def validate_rule_fields(
+    granularity: object, junior_probability: object, max_gap_tokens: object, mode: object = "after_boundary"
+) -> None:
     """Raise ``ValueError`` naming the field, the value and the allowed range (shared by every config class)."""
+    if mode not in MODES:
+        raise ValueError(
+            f"handoff_mode={mode!r} is not supported; use 'after_boundary' (the paper authors' rule, default) or "
+            "'whole_unit' (each word written by one model)."
+        )
     if granularity not in GRANULARITIES:
         raise ValueError(f"handoff_granularity={granularity!r} is not supported; use one of {GRANULARITIES}.")
     if isinstance(junior_probability, bool) or not isinstance(junior_probability, (int, float)):
@@ -103,14 +138,18 @@ class BoundaryTables:
     """Per-vocabulary facts the rule needs, computed once from the tokenizer.
 
     Attributes:
-        starts_word: bool ``[V]``, the token's text starts with whitespace, or it is an EOS token.
+        starts_word: bool ``[V]``, the token's text starts with whitespace, or it is an EOS token (``"whole_unit"``
+            word boundaries).
         ends_sentence: bool ``[V]``, the token's text ends with ``.``, ``!``, ``?`` or a newline.
         is_eos: bool ``[V]``, the token is one of the EOS ids.
+        starts_space: bool ``[V]``, the token's text starts with a space (``Ġ``/``▁`` pieces; not newlines, not
+            EOS): the ``"after_boundary"`` word boundaries, as the paper authors' ``build_word_boundary_ids.py``.
     """
 
     starts_word: torch.Tensor
     ends_sentence: torch.Tensor
     is_eos: torch.Tensor
+    starts_space: torch.Tensor
 
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> BoundaryTables:
@@ -126,6 +165,7 @@ class BoundaryTables:
         texts = tokenizer.batch_decode([[i] for i in range(n)], clean_up_tokenization_spaces=False)
         pieces = tokenizer.convert_ids_to_tokens(list(range(n)))
         starts = [t[:1].isspace() or (p or "").startswith("▁") for t, p in zip(texts, pieces, strict=True)]
+        spaces = [t[:1] == " " or (p or "").startswith(("▁", "Ġ")) for t, p in zip(texts, pieces, strict=True)]
         ends = [t.endswith(_SENTENCE_END) for t in texts]
         is_eos = torch.zeros(n, dtype=torch.bool)
         is_eos[[i for i in eos_token_ids if 0 <= i < n]] = True
@@ -133,6 +173,7 @@ class BoundaryTables:
             starts_word=torch.tensor(starts, dtype=torch.bool) | is_eos,
             ends_sentence=torch.tensor(ends, dtype=torch.bool),
             is_eos=is_eos,
+            starts_space=torch.tensor(spaces, dtype=torch.bool) & ~is_eos,
         )
 
     @property
@@ -141,7 +182,10 @@ class BoundaryTables:
         return int(self.is_eos.shape[0])
 
     def to(self, device: torch.device | str) -> BoundaryTables:
-        return BoundaryTables(self.starts_word.to(device), self.ends_sentence.to(device), self.is_eos.to(device))
+        return BoundaryTables(
+            self.starts_word.to(device), self.ends_sentence.to(device), self.is_eos.to(device),
+            self.starts_space.to(device),
+        )  # fmt: skip
 
 
 @dataclass
@@ -153,7 +197,8 @@ class HandoffState:
         next_owner: pre-drawn author of the next unit, long.
         unit_length: tokens in the running unit; 0 before the first completion token, long.
         unit_index: index of the next unit to draw an owner for, long.
-        after_sentence_end: the previous token ended a sentence (used by ``"sentence"``), bool.
+        after_boundary: the previous token ends a unit: a sentence end for ``"whole_unit"`` sentences, the rule's
+            boundary token for ``"after_boundary"`` (so this position draws a coin), bool.
         seeds: coin-stream seed of each sequence, long.
     """
 
@@ -161,7 +206,7 @@ class HandoffState:
     next_owner: torch.Tensor
     unit_length: torch.Tensor
     unit_index: torch.Tensor
-    after_sentence_end: torch.Tensor
+    after_boundary: torch.Tensor
     seeds: torch.Tensor
 
 
@@ -195,7 +240,7 @@ def draw_owners(seeds: torch.Tensor, unit_index: torch.Tensor, junior_probabilit
 
 
 def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
-    """State before the first completion token. The first token is always a boundary, so the initial ``owner``
+    """State before the first completion token. The first token always draws a coin, so the initial ``owner``
     never writes anything; the first unit is written by ``draw_owners(seeds, 0)``."""
     seeds = seeds.long()
     zeros = torch.zeros_like(seeds)
@@ -204,19 +249,48 @@ def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
         next_owner=draw_owners(seeds, zeros, rule.junior_probability),
         unit_length=zeros.clone(),
         unit_index=zeros.clone(),
-        after_sentence_end=torch.zeros_like(seeds, dtype=torch.bool),
+        after_boundary=torch.zeros_like(seeds, dtype=torch.bool),
         seeds=seeds,
     )
 
 
 def _unit_starts(state: HandoffState, tables: BoundaryTables, rule: HandoffRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(table, forced)``: ``B`` is ``table[v] | forced[row]`` — the one definition of a boundary."""
+    """``(table, forced)``: ``B`` is ``table[v] | forced[row]`` — the one definition of a boundary.
+
+    ``"after_boundary"``: ``B`` never depends on the token (``table`` is empty); a coin position has ``B`` = every
+    token."""
     forced = (state.unit_length == 0) | (state.unit_length >= rule.max_gap_tokens)
+    if rule.mode == "after_boundary":
+        return torch.zeros_like(tables.is_eos), forced | state.after_boundary
+    return unit_start_ids(tables, rule), forced | state.after_boundary
+
+
+def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
+    """The token-dependent part of ``B`` under ``"whole_unit"``, bool ``[V]``: ``starts_word`` (word), EOS
+    (sentence: elsewhere a sentence start is forced by the previous token), every id (token). ``B`` at a position
+    that is not forced is exactly this set, which is what the senior's ``log p_s(B)`` term sums over.
+
+    Raises:
+        ValueError: ``rule.mode`` is not ``"whole_unit"`` (the other rule's ``B`` is empty or everything).
+    """
+    if rule.mode != "whole_unit":
+        raise ValueError(f"unit_start_ids is the 'whole_unit' rule's set; this rule is {rule.mode!r}.")
     if rule.granularity == "token":
-        return torch.ones_like(tables.is_eos), forced
+        return torch.ones_like(tables.is_eos)
+    return tables.starts_word if rule.granularity == "word" else tables.is_eos
+
+
+def _ends_unit(tokens: torch.Tensor, tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
+    """Whether each token makes the *next* position a forced unit start (``after_boundary`` of the next state)."""
+    if rule.mode == "whole_unit":
+        # Only sentences are decided by the previous token; words and tokens by the token itself (the table).
+        ends = tables.ends_sentence[tokens]
+        return ends if rule.granularity == "sentence" else torch.zeros_like(ends)
     if rule.granularity == "word":
-        return tables.starts_word, forced
-    return tables.is_eos, forced | state.after_sentence_end
+        return tables.starts_space[tokens]
+    if rule.granularity == "sentence":
+        return tables.ends_sentence[tokens]
+    return torch.ones_like(tokens, dtype=torch.bool)
 
 
 def boundary_mask(state: HandoffState, tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
@@ -248,8 +322,13 @@ def mixture_logprobs(
     """
     require_finite_logprobs(senior_logprobs, "senior")
     require_finite_logprobs(junior_logprobs, "junior")
-    o_lp = torch.where((state.owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
-    switching = state.owner != state.next_owner
+    # Where B is every token, P = p_n: the next owner writes from its own distribution (every coin position of
+    # "after_boundary", forced decisions of "whole_unit"). Selected, not computed through the formula below, so that
+    # a self-paired tandem draws from exactly the senior's numbers.
+    whole = boundary.all(dim=-1)
+    writer = torch.where(whole, state.next_owner, state.owner)
+    o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
+    switching = (state.owner != state.next_owner) & ~whole
     if not bool(switching.any()):
         return o_lp
     # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below
@@ -286,16 +365,55 @@ def advance(
         next_owner=torch.where(unit_start, redrawn, state.next_owner),
         unit_length=torch.where(unit_start, torch.ones_like(state.unit_length), state.unit_length + 1),
         unit_index=unit_index,
-        after_sentence_end=tables.ends_sentence[tokens],
+        after_boundary=_ends_unit(tokens, tables, rule),
         seeds=state.seeds,
     )
     return new_state, authors, unit_start
 
 
-def replay_authorship(
+def boundary_coefficients(
+    state: HandoffState, authors: torch.Tensor, unit_start: torch.Tensor, tables: BoundaryTables, rule: HandoffRule
+) -> torch.Tensor:
+    """Coefficient of ``log p_s(B)`` in the senior's exact score term of the token just drawn, long ``[B]``.
+
+    ``-1`` where the senior takes a unit over from the junior (its factor is ``p_s(x) / p_s(B)``), ``+1`` where it
+    hands a unit to the junior (its factor is ``p_s(B)``), ``0`` elsewhere: inside units, where the owner does not
+    change, and wherever ``B`` is every token (``log p_s(B) = 0``: every position of ``"after_boundary"``, forced
+    decisions, the ``"token"`` granularity).
+
+    Args:
+        state: the rule state *before* the token (what ``advance`` was given).
+        authors, unit_start: what ``advance`` returned for the token.
+        tables, rule: as for ``advance``.
+    """
+    table, forced = _unit_starts(state, tables, rule)
+    partial = unit_start & ~forced & ~table.all()
+    handoff = partial & (state.owner != authors)
+    coefficient = torch.where(authors == SENIOR, -1, 1)
+    return torch.where(handoff, coefficient, 0).long()
+
+
+@dataclass
+class HandoffTrace:
+    """Who wrote each token of a batch of completions, and the senior's exact score terms; tensors ``[B, T]``.
+
+    Attributes:
+        authorship: long, 1 where the senior wrote the token, 0 where the junior did (the authorship mask).
+        unit_starts: bool, the token began a new unit (a handoff decision was taken there).
+        boundary_coef: long in {-1, 0, 1}, the coefficient of ``log p_s(B)`` in the senior's term of the token
+            ([`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients]); all 0 under
+            ``"after_boundary"``.
+    """
+
+    authorship: torch.Tensor
+    unit_starts: torch.Tensor
+    boundary_coef: torch.Tensor
+
+
+def replay(
     completion_ids: torch.Tensor, seeds: torch.Tensor, tables: BoundaryTables, rule: HandoffRule
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Rebuild authorship from the tokens and seeds alone (what a backend that only returns text needs).
+) -> HandoffTrace:
+    """Rebuild authorship and the senior's score coefficients from the tokens and seeds alone.
 
     Args:
         completion_ids: long ``[B, T]``; positions after a sequence's end may hold anything (mask them yourself).
@@ -304,16 +422,74 @@ def replay_authorship(
         rule: the handoff rule they were generated with.
 
     Returns:
-        ``(authorship, unit_starts)``: long ``[B, T]`` (1 senior, 0 junior) and bool ``[B, T]``.
+        A [`HandoffTrace`][tandem_grpo.handoff.HandoffTrace] of ``[B, T]`` tensors.
     """
     state = init_state(seeds.to(completion_ids.device), rule)
     tables = tables.to(completion_ids.device)
-    authors, starts = [], []
+    authors, starts, coefs = [], [], []
     for t in range(completion_ids.shape[1]):
+        before = state
         state, author, start = advance(state, completion_ids[:, t], tables, rule)
         authors.append(author)
         starts.append(start)
+        coefs.append(boundary_coefficients(before, author, start, tables, rule))
     if not authors:
         empty = completion_ids.new_zeros(completion_ids.shape)
-        return empty, empty.bool()
-    return torch.stack(authors, dim=1), torch.stack(starts, dim=1)
+        return HandoffTrace(empty, empty.bool(), empty.clone())
+    return HandoffTrace(torch.stack(authors, dim=1), torch.stack(starts, dim=1), torch.stack(coefs, dim=1))
+
+
+def replay_authorship(
+    completion_ids: torch.Tensor, seeds: torch.Tensor, tables: BoundaryTables, rule: HandoffRule
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(authorship, unit_starts)`` of [`replay`][tandem_grpo.handoff.replay]: long and bool ``[B, T]``."""
+    trace = replay(completion_ids, seeds, tables, rule)
+    return trace.authorship, trace.unit_starts
+
+
+def boundary_logprobs(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``log p(B)`` for each row: the log of the mass a distribution puts on the token set ``B``.
+
+    Args:
+        logprobs: float ``[N, V]``, normalized log-probabilities (or logits: the result is then
+            ``logsumexp(B) - logsumexp(V)`` all the same, since it normalizes itself).
+        ids: bool ``[V]``, the set ``B`` ([`unit_start_ids`][tandem_grpo.handoff.unit_start_ids]).
+
+    Returns:
+        float ``[N]``; differentiable.
+    """
+    inside = logprobs.masked_fill(~ids.to(logprobs.device), float("-inf"))
+    return torch.logsumexp(inside, dim=-1) - torch.logsumexp(logprobs, dim=-1)
+
+
+def senior_token_terms(
+    token_logprobs: torch.Tensor,
+    boundary_logprob: torch.Tensor,
+    authorship: torch.Tensor,
+    boundary_coef: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The senior's per-token score terms: summed over a completion, ``log`` of the senior's factor of the
+    trajectory's probability, so that ``reward * grad(sum of terms)`` is an unbiased policy-gradient estimate.
+
+    term = ``authorship * log p_s(x_t) + boundary_coef * log p_s(B_t)``: ``log p_s(x)`` inside the senior's units,
+    ``log p_s(x) - log p_s(B)`` where it takes a unit over, ``log p_s(B)`` where it hands one to the junior (that
+    token is the junior's, and still carries a senior term). The trainer puts these terms where TRL uses the
+    per-token log-probs (current, old, reference and sampling), and ``mask`` where it uses the completion mask.
+
+    Args:
+        token_logprobs: float ``[..., T]``, ``log p_s(x_t)`` of every token (any value on junior tokens).
+        boundary_logprob: float ``[..., T]``, ``log p_s(B_t)`` where ``boundary_coef != 0`` (any finite value
+            elsewhere; see [`boundary_logprobs`][tandem_grpo.handoff.boundary_logprobs]).
+        authorship: ``[..., T]``, 1 senior, 0 junior.
+        boundary_coef: ``[..., T]`` in {-1, 0, 1} ([`replay`][tandem_grpo.handoff.replay]).
+
+    Returns:
+        ``(terms, mask)``: float ``[..., T]``, 0 where the senior has no factor, and bool ``[..., T]``, the
+        positions whose term involves the senior.
+    """
+    senior = authorship.bool()
+    coef = boundary_coef.to(token_logprobs.dtype)
+    with_boundary = boundary_coef != 0
+    terms = torch.where(senior, token_logprobs, torch.zeros_like(token_logprobs))
+    terms = terms + torch.where(with_boundary, coef * boundary_logprob, torch.zeros_like(terms))
+    return terms, senior | with_boundary

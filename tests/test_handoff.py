@@ -56,7 +56,7 @@ def test_boundary_sets_per_granularity(tiny_tokenizer):
     seeds = torch.tensor([5])
     v = TINY_VOCAB.index
     for granularity in ("token", "word", "sentence"):
-        rule = HandoffRule(granularity, 0.5, 32)
+        rule = HandoffRule(granularity, 0.5, 32, "whole_unit")
         state = init_state(seeds, rule)
         assert boundary_mask(state, tables, rule).all(), "the first completion token is always a boundary"
         state, _, _ = advance(state, torch.tensor([v("a")]), tables, rule)
@@ -71,9 +71,10 @@ def test_boundary_sets_per_granularity(tiny_tokenizer):
             assert boundary_mask(state, tables, rule).all(), "after '.' every token starts a sentence"
 
 
-def test_max_gap_forces_a_decision(tiny_tokenizer):
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_max_gap_forces_a_decision(tiny_tokenizer, mode):
     tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
-    rule = HandoffRule("word", 0.5, 3)
+    rule = HandoffRule("word", 0.5, 3, mode)
     state = init_state(torch.tensor([0]), rule)
     a = torch.tensor([TINY_VOCAB.index("a")])
     starts = []
@@ -135,7 +136,7 @@ def test_self_pairing_mixture_is_the_model_itself():
 def test_authors_follow_the_tokens(tiny_tokenizer):
     """A token in B is written by the pre-drawn next owner; a token outside B by the running owner."""
     tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
-    rule = HandoffRule("word", 0.5, 32)
+    rule = HandoffRule("word", 0.5, 32, "whole_unit")
     state = init_state(torch.arange(64), rule)
     v = TINY_VOCAB.index
     for token in ["a", " b", "c", "c", " d", "\n", "e"]:
@@ -148,7 +149,7 @@ def test_authors_follow_the_tokens(tiny_tokenizer):
 
 def test_replay_reproduces_step_by_step_authorship(tiny_tokenizer):
     tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
-    rule = HandoffRule("sentence", 0.5, 4)
+    rule = HandoffRule("sentence", 0.5, 4, "whole_unit")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(2, len(TINY_VOCAB), (16, 30), generator=g)
     seeds = torch.randint(0, 2**31 - 1, (16,), generator=g)
@@ -171,6 +172,7 @@ def test_replay_reproduces_step_by_step_authorship(tiny_tokenizer):
         ("junior_probability", -0.1),
         ("max_gap_tokens", 0),
         ("max_gap_tokens", 2.5),
+        ("mode", "per_word"),
     ],
 )
 def test_rule_rejects_bad_values(field, value):
@@ -185,6 +187,9 @@ def test_rule_from_a_config_reads_the_tandem_fields():
     config = SimpleNamespace(handoff_granularity="sentence", junior_probability=1, max_gap_tokens=8)
     rule = HandoffRule.from_config(config)
     assert rule == HandoffRule("sentence", 1.0, 8) and isinstance(rule.junior_probability, float)
+    assert rule.mode == "after_boundary", "the paper authors' rule is the default"
+    config.handoff_mode = "whole_unit"
+    assert HandoffRule.from_config(config).mode == "whole_unit"
     # Checked before converting: 2.5 gap tokens must not silently become 2.
     with pytest.raises(ValueError, match="max_gap_tokens=2.5"):
         HandoffRule.from_config(
@@ -197,3 +202,56 @@ def test_tables_cover_the_tokenizer_not_the_padding(tiny_tokenizer):
     assert wide.vocab_size == len(TINY_VOCAB) == wide.starts_word.shape[0] == wide.ends_sentence.shape[0]
     assert wide.is_eos.nonzero().squeeze(1).tolist() == [1]
     assert BoundaryTables.from_tokenizer(tiny_tokenizer, 10, [1]).vocab_size == 10
+
+
+def test_authors_word_boundaries_are_space_initial_tokens(smollm2_tokenizer):
+    """The paper authors' word set: tokens whose text starts with a space (``Ġ``); not newlines, not EOS."""
+    tok = smollm2_tokenizer
+    tables = BoundaryTables.from_tokenizer(tok, 49152, [tok.eos_token_id])
+    for text in [" the", " answer", " 5", " \\frac"]:
+        assert tables.starts_space[_first_token(tok, text)], text
+    for text in ["\n", "\n\n", "the", "5", "."]:
+        assert not tables.starts_space[_first_token(tok, text)], text
+    assert not tables.starts_space[tok.eos_token_id]
+    pieces = tok.convert_ids_to_tokens(list(range(tables.vocab_size)))
+    expected = torch.tensor([p.startswith("Ġ") for p in pieces]) & ~tables.is_eos
+    assert torch.equal(tables.starts_space, expected), "exactly the authors' rule: the raw piece starts with Ġ"
+
+
+def test_after_boundary_draws_a_coin_after_each_boundary_token(tiny_tokenizer):
+    """The authors' rule: the token after a boundary token gets a fresh owner (the boundary token keeps its author);
+    a position that draws a coin has B = every token, so the drawn owner writes from its own distribution."""
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(TINY_VOCAB), [1])
+    v = TINY_VOCAB.index
+    seeds = torch.arange(256)
+    cases = {
+        "word": (["a", " b", "c", "c", " d", "\n", "e", "."], [0, 2, 5]),
+        "sentence": (["a", " b", ".", "c", "\n", "e", " f", "."], [0, 3, 5]),
+        "token": (["a", " b", ".", "c"], [0, 1, 2, 3]),
+    }
+    for granularity, (tokens, coin_positions) in cases.items():
+        rule = HandoffRule(granularity, 0.5, 32)
+        state = init_state(seeds, rule)
+        starts = []
+        for position, token in enumerate(tokens):
+            before_owner, before_next = state.owner.clone(), state.next_owner.clone()
+            boundary = boundary_mask(state, tables, rule)
+            whole = bool(boundary.all())
+            assert whole or not bool(boundary.any()), "B is every token or none under the authors' rule"
+            state, authors, start = advance(state, torch.full((256,), v(token)), tables, rule)
+            assert torch.equal(start, torch.full((256,), whole))
+            assert torch.equal(authors, before_next if whole else before_owner)
+            if whole:
+                starts.append(position)
+        assert starts == coin_positions, granularity
+        # the coins are fair and per sequence: both owners occur at the second coin
+        assert 0 < int(authors.sum()) < 256
+
+
+def test_after_boundary_mixture_is_the_owners_own_distribution():
+    """P = p_owner off coin positions and p_next at them, exactly (selected, not recomputed)."""
+    s, j = _random_logprobs(4, 9, 4), _random_logprobs(4, 9, 5)
+    state = _state([SENIOR, SENIOR, JUNIOR, JUNIOR], [SENIOR, JUNIOR, SENIOR, JUNIOR])
+    none = torch.zeros(4, 9, dtype=torch.bool)
+    assert torch.equal(mixture_logprobs(s, j, state, none), torch.stack([s[0], s[1], j[2], j[3]]))
+    assert torch.equal(mixture_logprobs(s, j, state, ~none), torch.stack([s[0], j[1], s[2], j[3]]))

@@ -149,7 +149,7 @@ class _Record:
     next_owner: int
     unit_length: int = 0
     unit_index: int = 0
-    after_sentence_end: bool = False
+    after_boundary: bool = False
     position: int = 0  # completion tokens advanced over
     authors: list[int] = field(default_factory=list)
     corrections: list[float] = field(default_factory=list)
@@ -201,7 +201,7 @@ def _state(records: list[_Record], device: torch.device) -> HandoffState:
         next_owner=col([r.next_owner for r in records]),
         unit_length=col([r.unit_length for r in records]),
         unit_index=col([r.unit_index for r in records]),
-        after_sentence_end=col([r.after_sentence_end for r in records], torch.bool),
+        after_boundary=col([r.after_boundary for r in records], torch.bool),
         seeds=col([r.seed for r in records]),
     )
 
@@ -212,12 +212,12 @@ def _store(records: list[_Record], state: HandoffState) -> None:
         state.next_owner.tolist(),
         state.unit_length.tolist(),
         state.unit_index.tolist(),
-        state.after_sentence_end.tolist(),
+        state.after_boundary.tolist(),
         strict=True,
     )
     for record, (owner, next_owner, unit_length, unit_index, sentence) in zip(records, fields, strict=True):
         record.owner, record.next_owner = owner, next_owner
-        record.unit_length, record.unit_index, record.after_sentence_end = unit_length, unit_index, sentence
+        record.unit_length, record.unit_index, record.after_boundary = unit_length, unit_index, sentence
 
 
 def _group_by_rule(rows: list[tuple[int, _Row]]) -> dict[HandoffRule, list[tuple[int, _Row]]]:
