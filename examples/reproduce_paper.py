@@ -95,7 +95,7 @@ ARM_FIELDS = ("junior_probability", "kl_to_junior", "beta")
 SHARED_FIELDS = (
     "seed", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
     "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "loss_type", "handoff_granularity", "max_gap_tokens", "junior_model_name_or_path", "junior_token_loss_weight",
+    "loss_type", "handoff_mode", "handoff_granularity", "max_gap_tokens", "junior_model_name_or_path", "junior_token_loss_weight",
     "use_vllm", "vllm_mode", "bf16",
 )  # fmt: skip
 
@@ -398,6 +398,7 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             if study.eval_max_new_tokens is not None
             else shared.max_completion_length,
             junior_probability=shared.junior_probability,
+            handoff_mode=shared.handoff_mode,
             handoff_granularity=shared.handoff_granularity,
             max_gap_tokens=shared.max_gap_tokens,
             step_grid=list(study.eval_step_grid),

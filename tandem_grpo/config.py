@@ -21,8 +21,12 @@ class TandemGRPOConfig(GRPOConfig):
     the same command runs on a CPU machine (TRL would default to ``True`` and transformers would refuse it there).
 
     Attributes:
+        handoff_mode (str): the handoff rule. ``"after_boundary"`` (default; the paper authors' rule): every token
+            is sampled from its author's own distribution and a coin picks the next author right after each boundary
+            token. ``"whole_unit"``: each unit (word, sentence) is written by one model, which a junior of another
+            model family needs; the senior's loss then carries ``log p_s(B)`` terms at handoffs
+            ([`tandem_grpo.handoff`][tandem_grpo.handoff]). Both give exact policy gradients.
         handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or ``"sentence"``.
-            A unit is written by one model.
         junior_probability (float): chance in [0, 1] that a new unit is written by the junior (default 0.5; paper:
             0.5). ``0`` gives plain GRPO rollouts.
         max_gap_tokens (int): a unit that has lasted this many tokens (>= 1) forces a handoff decision (default 32;
@@ -43,6 +47,14 @@ class TandemGRPOConfig(GRPOConfig):
         ValueError: a field outside its range, naming the field, the value and the allowed range.
     """
 
+    handoff_mode: str = field(
+        default="after_boundary",
+        metadata={
+            "help": "Handoff rule: 'after_boundary' (default, the paper authors': a coin after each boundary token) "
+            "or 'whole_unit' (each word written by one model).",
+            "choices": ["after_boundary", "whole_unit"],
+        },
+    )
     handoff_granularity: str = field(
         default="word",
         metadata={
@@ -86,7 +98,7 @@ class TandemGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens)
+        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens, self.handoff_mode)
         weight = self.junior_token_loss_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"junior_token_loss_weight={weight!r} must be a number >= 0.")

@@ -154,3 +154,102 @@ def test_the_uncorrected_whole_unit_terms_are_biased(granularity):
     """The test above has power: without the log p_s(B) terms (0.1's estimator) the expectation is off."""
     exact, _, old = _gradients(HandoffRule(granularity, 0.5, 2, "whole_unit"))
     assert (old - exact).abs().max() > 1e-3  # the tolerance above is 1e-6
+
+
+# ------------------------------------------------------------------ the trainer uses exactly these terms
+
+
+def _trainer_batch(tmp_path, model_dirs, loss_type: str, **overrides):
+    from conftest import build_tiny_tokenizer, tiny_prompts, tiny_tandem_config
+
+    from tandem_grpo import TandemGRPOTrainer
+
+    trainer = TandemGRPOTrainer(
+        model=model_dirs[0],
+        reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
+        args=tiny_tandem_config(
+            tmp_path / "out", handoff_mode="whole_unit", junior_model_name_or_path=model_dirs[1],
+            loss_type=loss_type, per_device_train_batch_size=8, num_generations=8, max_completion_length=16,
+            temperature=0.9, **overrides,
+        ),  # fmt: skip
+        train_dataset=tiny_prompts(8),
+        processing_class=build_tiny_tokenizer(),
+    )
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "ab c"}] * 8)
+    authorship = torch.zeros_like(batch["completion_ids"])
+    for row, authors in enumerate(trainer._authorship):
+        authorship[row, : len(authors)] = torch.tensor(authors)
+    batch["advantages"] = torch.linspace(-1.5, 2.0, 8)  # fixed, non-zero advantages
+    trainer.current_gradient_accumulation_steps = 1  # set by the training loop
+    return trainer, batch, authorship
+
+
+@pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
+def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, tiny_model_dirs, loss_type):
+    """On a real rollout batch, TRL's loss (through TandemGRPOTrainer) has the gradient of
+    -sum(A_i * terms_it) / (number of positions whose term involves the senior), with the terms computed here from the
+    full logits of a plain forward (not through the trainer's hidden-state hook)."""
+    trainer, batch, authorship = _trainer_batch(tmp_path, tiny_model_dirs, loss_type)
+    coef = batch["tandem_boundary_coef"]
+    assert bool((coef == 1).any()) and bool((coef == -1).any()), "the batch must hold handoffs both ways"
+    completion_mask = batch["completion_mask"]
+    senior_mask = (authorship.bool() | (coef != 0)) & completion_mask.bool()
+    assert torch.equal(batch["tool_mask"].bool() & completion_mask.bool(), senior_mask)
+    assert int(batch["num_items_in_batch"]) == int(senior_mask.sum()), "handed-over tokens count in the normalizer"
+
+    model = trainer.model
+    model.zero_grad()
+    trainer.compute_loss(model, batch).backward()
+    got = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+
+    model.zero_grad()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+    width = batch["completion_ids"].shape[1]
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    token_lp = logprobs.gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
+    b_lp = boundary_logprobs(logprobs, unit_start_ids(trainer._tables, trainer.args.handoff_rule))
+    terms, involved = senior_token_terms(token_lp, b_lp, authorship, coef)
+    assert torch.equal(involved & completion_mask.bool(), senior_mask)
+    weights = senior_mask.float() * batch["advantages"].unsqueeze(1)
+    (-(terms * weights).sum() / senior_mask.sum()).backward()
+    expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
+    assert got.keys() == expected.keys()
+    for name in got:
+        torch.testing.assert_close(got[name], expected[name], atol=2e-6, rtol=1e-4, msg=name)
+
+    # And it is not the 0.1 gradient (log p_s(x) on the senior's tokens only): the comparison has power.
+    model.zero_grad()
+    old_mask = authorship.bool() & completion_mask.bool()
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
+    token_lp = torch.log_softmax(logits, dim=-1).gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
+    (-(token_lp * old_mask * batch["advantages"].unsqueeze(1)).sum() / old_mask.sum()).backward()
+    old = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+    assert max((old[n] - got[n]).abs().max().item() for n in got) > 1e-4
+
+
+def _plain_terms(model, batch, authorship, trainer):
+    completion_mask = batch["completion_mask"]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+    width = batch["completion_ids"].shape[1]
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    token_lp = logprobs.gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
+    b_lp = boundary_logprobs(logprobs, unit_start_ids(trainer._tables, trainer.args.handoff_rule))
+    return senior_token_terms(token_lp, b_lp, authorship, batch["tandem_boundary_coef"])
+
+
+def test_old_and_reference_logprobs_carry_the_same_terms(tmp_path, tiny_model_dirs):
+    """Importance ratios and the KL term compare like with like: the old (num_iterations > 1) and reference (beta > 0)
+    log-probs TRL computes at generation carry the same log p_s(B) terms as the current ones."""
+    trainer, batch, authorship = _trainer_batch(tmp_path, tiny_model_dirs, "bnpo", beta=0.04, num_iterations=2)
+    with torch.no_grad():
+        terms, involved = _plain_terms(trainer.model, batch, authorship, trainer)
+    keep = involved & batch["completion_mask"].bool()
+    assert bool((batch["tandem_boundary_coef"][keep] != 0).any())
+    # At generation the reference model and the old policy are both the initial senior.
+    for key in ("old_per_token_logps", "ref_per_token_logps"):
+        torch.testing.assert_close(batch[key][keep], terms[keep], atol=1e-5, rtol=1e-5, msg=key)

@@ -76,7 +76,8 @@ class EvaluationConfig:
 
     Each field is one ``tandem-grpo evaluate`` flag of the same name; its ``help`` metadata (printed by ``--help``
     with the default) is its documentation. The defaults are the paper's where it has one (``junior_probability``
-    0.5, ``handoff_granularity`` ``"word"``, ``max_gap_tokens`` 32, ``drift_top_n`` 500).
+    0.5, ``handoff_mode`` ``"after_boundary"``, ``handoff_granularity`` ``"word"``, ``max_gap_tokens`` 32,
+    ``drift_top_n`` 500).
 
     Attributes:
         checkpoints: senior checkpoints (local folders or hub ids, resolved by
@@ -118,6 +119,8 @@ class EvaluationConfig:
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     max_new_tokens: int = _arg(256, "Completion length cap in tokens.")
     junior_probability: float = _arg(0.5, "Junior share p of the training-rule (word handoff) schedule.")
+    handoff_mode: str = _arg("after_boundary", "Handoff rule of the training-rule schedule: after_boundary (the "
+                             "paper authors') or whole_unit.")  # fmt: skip
     handoff_granularity: str = _arg("word", "Handoff unit of the training-rule schedule: word, sentence or token.")
     max_gap_tokens: int = _arg(32, "Longest run without a handoff boundary in the training-rule schedule.")
     step_grid: list[int] = _arg([1, 2, 3], "Step counts s of the step schedules (s steps, then the other model).")
