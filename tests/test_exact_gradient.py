@@ -168,9 +168,15 @@ def _trainer_batch(tmp_path, model_dirs, loss_type: str, **overrides):
         model=model_dirs[0],
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
         args=tiny_tandem_config(
-            tmp_path / "out", handoff_mode="whole_unit", junior_model_name_or_path=model_dirs[1],
-            loss_type=loss_type, per_device_train_batch_size=8, num_generations=8, max_completion_length=16,
-            temperature=0.9, **overrides,
+            tmp_path / "out",
+            handoff_mode="whole_unit",
+            junior_model_name_or_path=model_dirs[1],
+            loss_type=loss_type,
+            per_device_train_batch_size=8,
+            num_generations=8,
+            max_completion_length=16,
+            temperature=0.9,
+            **overrides,
         ),  # fmt: skip
         train_dataset=tiny_prompts(8),
         processing_class=build_tiny_tokenizer(),
