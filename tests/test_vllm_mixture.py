@@ -9,7 +9,8 @@ logits of real word starts, so an engine that mixed or sampled them would draw t
 Every position of every completion is recomputed with transformers along vLLM's tokens
 (:func:`tandem_grpo.generation.next_token_logprobs`, what ``tandem_generate`` draws from) and compared, whole
 distribution against whole distribution, with vLLM's processed log-probabilities, at word granularity and with
-top-k, top-p and min-p all set (top-p and min-p do not commute: a backend with another order fails).
+top-k, top-p and min-p all set (top-p and min-p do not commute: a backend with another order fails), under both
+handoff rules; and the senior's score terms vLLM's rollout returns are checked against the same recomputation.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from conftest import TINY_VOCAB, build_tiny_model, pad_vocabulary, skip_without_
 skip_without_vllm()
 
 from tandem_grpo.generation import next_token_logprobs  # noqa: E402
-from tandem_grpo.handoff import HandoffRule, advance, init_state  # noqa: E402
+from tandem_grpo.handoff import (  # noqa: E402
+    HandoffRule,
+    advance,
+    boundary_logprobs,
+    init_state,
+    replay,
+    unit_start_ids,
+)
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm.engine import (  # noqa: E402
     boundary_tables,
@@ -38,7 +46,6 @@ from tandem_grpo.vllm.engine import (  # noqa: E402
 pytestmark = pytest.mark.vllm
 
 SAMPLING = SamplingSettings(temperature=1.5, top_k=12, top_p=0.8, min_p=0.1)
-RULE = HandoffRule("word", 0.5, 32)
 LENGTH = 10
 PADDING = 3
 SIZE = len(TINY_VOCAB)
@@ -73,8 +80,13 @@ def engine(model_dirs):
     )
 
 
+@pytest.fixture(scope="module", params=["after_boundary", "whole_unit"])
+def rule(request) -> HandoffRule:
+    return HandoffRule("word", 0.5, 32, request.param)
+
+
 @pytest.fixture(scope="module")
-def run(engine, tiny_tokenizer):
+def run(engine, tiny_tokenizer, rule):
     """24 tandem completions of ``LENGTH`` tokens (EOS ignored, so all have that length) with full distributions."""
     prompts = [tiny_tokenizer(text).input_ids for text in ("ab c", "d e", "f.\ng", "h")]
     prompt_ids = [p for p in prompts for _ in range(6)]
@@ -84,7 +96,7 @@ def run(engine, tiny_tokenizer):
         SAMPLING,
         seeds,
         uids,
-        RULE,
+        rule,
         max_tokens=LENGTH,
         generation_kwargs={"ignore_eos": True, "logprobs": SIZE + PADDING},
     )
@@ -99,12 +111,12 @@ def run(engine, tiny_tokenizer):
     sampled = [[distributions[row, t, tok].item() for t, tok in enumerate(ids)] for row, ids in enumerate(completions)]
     info = engine_info(engine)
     tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
-    rollout = finish_rollout(completions, sampled, records, seeds, RULE, tables)
+    rollout = finish_rollout(completions, sampled, records, seeds, rule, tables)
     return prompt_ids, seeds, rollout, distributions, tables
 
 
 @pytest.fixture(scope="module")
-def reference(model_dirs, run):
+def reference(model_dirs, run, rule):
     """transformers along vLLM's tokens: the truncated and the untruncated mixture, and the senior's own log-probs."""
     from transformers import AutoModelForCausalLM
 
@@ -121,14 +133,14 @@ def reference(model_dirs, run):
 
     senior_logits, junior_logits = logits(senior), logits(junior)
     tokens = torch.tensor(rollout.completion_ids)
-    state = init_state(torch.tensor(seeds), RULE)
+    state = init_state(torch.tensor(seeds), rule)
     plain = SamplingSettings(temperature=SAMPLING.temperature)
     truncated, untruncated = [], []
     for t in range(LENGTH):
-        args = (senior_logits[:, t], junior_logits[:, t], state, tables, RULE)
+        args = (senior_logits[:, t], junior_logits[:, t], state, tables, rule)
         truncated.append(next_token_logprobs(*args, SAMPLING, None))
         untruncated.append(next_token_logprobs(*args, plain, None))
-        state, _, _ = advance(state, tokens[:, t], tables, RULE)
+        state, _, _ = advance(state, tokens[:, t], tables, rule)
     senior_own = torch.log_softmax(senior_logits[..., :SIZE] / SAMPLING.temperature, dim=-1)
     return torch.stack(truncated, dim=1), torch.stack(untruncated, dim=1), senior_own
 
@@ -150,21 +162,33 @@ def test_vllm_samples_the_transformers_mixture(run, reference):
     assert max(max(ids) for ids in rollout.completion_ids) < SIZE
 
 
-def test_senior_logprobs_under_truncation(run, reference):
-    """vLLM's log P' plus the processor's correction is the senior's own log-prob minus the log of the mixture
-    mass the truncation kept, on every senior token (junior-to-senior handoffs included)."""
-    _, _, rollout, _, _ = run
+def test_senior_terms_under_truncation(rule, run, reference):
+    """The rollout's senior log-probs are the senior's exact score terms (``handoff.senior_token_terms``): on senior
+    tokens ``log p_s(x)`` (minus ``log p_s(B)`` where it took a unit over) minus the log of the mixture mass the
+    truncation kept; on junior tokens the senior handed a unit to, ``log p_s(B)``; NaN on other junior tokens."""
+    _, seeds, rollout, _, tables = run
     expected, untruncated, senior_own = reference
     kept_mass = torch.logsumexp(untruncated.masked_fill(~torch.isfinite(expected), float("-inf")), dim=-1)
-    handoffs = 0
-    for row, (ids, authors, own, mixed) in enumerate(
-        zip(rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, rollout.mixture_logprobs, strict=True)
+    trace = replay(torch.tensor(rollout.completion_ids), torch.tensor(seeds), tables, rule)
+    if rule.mode == "whole_unit":
+        b_lp = boundary_logprobs(senior_own, unit_start_ids(tables, rule))
+    else:
+        b_lp = torch.zeros(senior_own.shape[:2])
+        assert not bool(trace.boundary_coef.any())
+    counts = {-1: 0, 1: 0}
+    for row, (ids, authors, own) in enumerate(
+        zip(rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, strict=True)
     ):
         for t, (token, author) in enumerate(zip(ids, authors, strict=True)):
+            coef = int(trace.boundary_coef[row, t])
+            counts[coef] = counts.get(coef, 0) + 1
             if author == 0:
-                assert math.isnan(own[t])
+                if coef == 1:
+                    assert own[t] == pytest.approx(b_lp[row, t].item(), abs=2e-3), (row, t)
+                else:
+                    assert math.isnan(own[t])
                 continue
-            target = senior_own[row, t, token].item() - kept_mass[row, t].item()
+            target = senior_own[row, t, token].item() + coef * b_lp[row, t].item() - kept_mass[row, t].item()
             assert own[t] == pytest.approx(target, abs=2e-3), (row, t)
-            handoffs += abs(own[t] - mixed[t]) > 1e-3
-    assert handoffs > 0, "junior-to-senior handoffs, where the correction is not 0, must occur"
+    if rule.mode == "whole_unit":
+        assert counts[-1] > 0 and counts[1] > 0, "handoffs both ways, where the terms carry log p_s(B), must occur"

@@ -226,9 +226,12 @@ class TandemRollout:
 
     Attributes:
         completion_ids: token ids, EOS included when generated.
-        senior_logprobs: the senior's own log-prob of each senior token (natural log, at the sampling
-            temperature), minus the log of the mixture mass the top-k/top-p/min-p truncation kept at that position
-            (0 without truncation); ``NaN`` on junior tokens.
+        senior_logprobs: the senior's exact score term of each token
+            ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]; natural log, at the sampling
+            temperature): ``log p_s(x)`` on senior tokens (``- log p_s(B)`` where the senior took a unit over),
+            ``log p_s(B)`` on junior tokens where the senior handed the unit over, ``NaN`` on other junior tokens;
+            on senior tokens minus the log of the mixture mass the top-k/top-p/min-p truncation kept at that
+            position (0 without truncation).
         authorship: 1 where the senior wrote the token, 0 where the junior did (replayed from seed and tokens).
         mixture_logprobs: what vLLM returned: ``log P`` of each token under the (truncated) mixture.
         engine_authorship: the logits processor's own record of the authors (all tokens but the last of each
@@ -296,8 +299,10 @@ def finish_rollout(
     rule: HandoffRule | Sequence[HandoffRule],
     tables: BoundaryTables,
 ) -> TandemRollout:
-    """Authorship (replayed from seeds and tokens, checked against the engine's own record) and senior log-probs
-    (vLLM's ``log P`` plus the processor's correction ``c_t`` on senior tokens, ``NaN`` on junior tokens).
+    """Authorship (replayed from seeds and tokens, checked against the engine's own record) and the senior's score
+    terms (vLLM's ``log P`` plus the processor's correction on senior tokens, the processor's ``log p_s(B)`` on junior
+    tokens the senior handed a unit to, ``NaN`` on other junior tokens; see
+    [`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]).
 
     Args:
         completion_ids: token ids per completion, from vLLM.
@@ -325,10 +330,12 @@ def finish_rollout(
             )
         engine_authorship.append(engine_authors)
         if senior_logprobs is not None:
-            corrections = record["corrections"]
+            corrections, handovers = record["corrections"], record.get("handovers", [])
             senior_logprobs.append(
                 [
-                    lp + (corrections[t] if t < len(corrections) else 0.0) if author == 1 else math.nan
+                    lp + (corrections[t] if t < len(corrections) else 0.0)
+                    if author == 1
+                    else (handovers[t] if t < len(handovers) and handovers[t] is not None else math.nan)
                     for t, (lp, author) in enumerate(zip(mixture_logprobs[i], authorship[i], strict=True))
                 ]
             )

@@ -35,12 +35,18 @@ untouched (plain senior sampling), which is how the tests compare tandem with so
 
 Side records, read back by the client ([`pop_records`][tandem_grpo.vllm.processor.pop_records], reached through the
 worker extension's ``collective_rpc``): per request uid, the author of each completion token the processor has advanced
-over, and per position the *senior-logprob correction* ``c_t``. vLLM returns ``log P'(x_t)``, the log-probability under
-the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the log-softmax of
-what this processor wrote, since vLLM's own top-k/top-p are off for tandem requests). For a senior token
-``log P'(x_t) + c_t = log p_s(x_t) - log Z_t``, with ``c_t = log p_s(B) - log p_j(B)`` where the unit passes from the
-junior to the senior at ``t`` (``P = p_j(B) p_s(x) / p_s(B)`` there) and ``c_t = 0`` everywhere else (``P = p_s`` on
-every other senior token); ``Z_t`` is the mixture mass the truncation kept (1 without truncation).
+over, and per position what turns vLLM's log-prob into the senior's exact score term
+([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]). vLLM returns ``log P'(x_t)``, the log-probability
+under the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the
+log-softmax of what this processor wrote, since vLLM's own top-k/top-p are off for tandem requests); ``Z_t`` is the
+mixture mass the truncation kept (1 without truncation). The records:
+
+- ``corrections[t]``: ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t`` (``B`` not every
+  token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, so
+  ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
+  ``P = p_s`` (every position of ``after_boundary``).
+- ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
+  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere.
 """
 
 from __future__ import annotations
@@ -56,7 +62,6 @@ from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
 from ..handoff import (
-    JUNIOR,
     SENIOR,
     BoundaryTables,
     HandoffRule,
@@ -76,6 +81,7 @@ UID_KEY = "tandem_uid"
 GRANULARITY_KEY = "tandem_granularity"
 PROBABILITY_KEY = "tandem_junior_probability"
 MAX_GAP_KEY = "tandem_max_gap_tokens"
+MODE_KEY = "tandem_handoff_mode"
 TOP_K_KEY = "tandem_top_k"
 TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
@@ -103,6 +109,7 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
         GRANULARITY_KEY: rule.granularity,
         PROBABILITY_KEY: float(rule.junior_probability),
         MAX_GAP_KEY: int(rule.max_gap_tokens),
+        MODE_KEY: rule.mode,
         TOP_K_KEY: int(sampling.top_k),
         TOP_P_KEY: float(sampling.top_p),
         MIN_P_KEY: float(sampling.min_p),
@@ -118,6 +125,7 @@ def rule_from_extra_args(extra_args: dict) -> HandoffRule:
         granularity=extra_args.get(GRANULARITY_KEY, "word"),
         junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
         max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
+        mode=extra_args.get(MODE_KEY, "after_boundary"),
     )
 
 
@@ -153,6 +161,7 @@ class _Record:
     position: int = 0  # completion tokens advanced over
     authors: list[int] = field(default_factory=list)
     corrections: list[float] = field(default_factory=list)
+    handovers: list[float] = field(default_factory=list)
 
 
 @dataclass
@@ -180,15 +189,24 @@ _LOCK = threading.Lock()
 
 
 def pop_records(uids: list[str]) -> dict[str, dict]:
-    """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections":
-    [...]}}`` with ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all but the
-    last token of a finished completion) and ``corrections[t]`` the senior-logprob correction of position ``t``
-    (module docstring). Unknown uids map to ``None``."""
+    """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections": [...],
+    "handovers": [...]}}``. ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all
+    but the last token of a finished completion); ``corrections[t]`` and ``handovers[t]`` (``None`` for no handover)
+    of position ``t`` (module docstring). Unknown uids map to ``None``."""
     with _LOCK:
         out: dict[str, dict | None] = {}
         for uid in uids:
             record = _RECORDS.pop(uid, None)
-            out[uid] = None if record is None else {"authors": record.authors, "corrections": record.corrections}
+            out[uid] = (
+                None
+                if record is None
+                else {
+                    "authors": record.authors,
+                    "corrections": record.corrections,
+                    # None, not NaN, where there is none: the records travel as JSON from a server.
+                    "handovers": [v if math.isfinite(v) else None for v in record.handovers],
+                }
+            )
         return out
 
 
@@ -225,6 +243,14 @@ def _group_by_rule(rows: list[tuple[int, _Row]]) -> dict[HandoffRule, list[tuple
     for item in rows:
         groups.setdefault(item[1].record.rule, []).append(item)
     return groups
+
+
+def _put(values: list[float], position: int, value: float, missing: float) -> None:
+    """``values[position] = value``, filling skipped positions with ``missing``; a re-sampled position (e.g. after a
+    partial prefill) is overwritten."""
+    if len(values) <= position:
+        values.extend([missing] * (position + 1 - len(values)))
+    values[position] = value
 
 
 class TandemLogitsProcessor(LogitsProcessor):
@@ -268,7 +294,10 @@ class TandemLogitsProcessor(LogitsProcessor):
         if not isinstance(uid, str) or not uid:
             raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
         validate_rule_fields(
-            extra.get(GRANULARITY_KEY, "word"), extra.get(PROBABILITY_KEY, 0.5), extra.get(MAX_GAP_KEY, 32)
+            extra.get(GRANULARITY_KEY, "word"),
+            extra.get(PROBABILITY_KEY, 0.5),
+            extra.get(MAX_GAP_KEY, 32),
+            extra.get(MODE_KEY, "after_boundary"),
         )
         if params.n != 1:
             raise ValueError(
@@ -428,18 +457,22 @@ class TandemLogitsProcessor(LogitsProcessor):
         boundary = boundary_mask(state, tables, rule)
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary)
 
-        into_senior = (state.owner == JUNIOR) & (state.next_owner == SENIOR)
-        corrections = [0.0] * len(rows)
-        if bool(into_senior.any()):
-            # Full-vocabulary sums on the junior-to-senior rows only.
-            sub = into_senior.nonzero().squeeze(1)
+        # Rows where B is a proper subset and the owner may change ("whole_unit" handoffs): there the senior's term
+        # differs from vLLM's log P (module docstring). Full-vocabulary sums on those rows only.
+        switching = (state.owner != state.next_owner) & ~boundary.all(dim=-1)
+        corrections, handovers = [0.0] * len(rows), [math.nan] * len(rows)
+        if bool(switching.any()):
+            sub = switching.nonzero().squeeze(1)
             b_sub = boundary.index_select(0, sub)
             neg_inf = torch.tensor(float("-inf"), dtype=senior_lp.dtype, device=device)
-            senior_b = torch.logsumexp(torch.where(b_sub, senior_lp.index_select(0, sub), neg_inf), dim=-1)
-            junior_b = torch.logsumexp(torch.where(b_sub, junior_lp.index_select(0, sub), neg_inf), dim=-1)
-            values = torch.nan_to_num(senior_b - junior_b, nan=0.0, posinf=0.0, neginf=0.0).tolist()
-            for k, value in zip(sub.tolist(), values, strict=True):
-                corrections[k] = value
+            senior_b = torch.logsumexp(torch.where(b_sub, senior_lp.index_select(0, sub), neg_inf), dim=-1).tolist()
+            junior_b = torch.logsumexp(torch.where(b_sub, junior_lp.index_select(0, sub), neg_inf), dim=-1).tolist()
+            into_senior = (state.next_owner.index_select(0, sub) == SENIOR).tolist()
+            for k, s_b, j_b, to_senior in zip(sub.tolist(), senior_b, junior_b, into_senior, strict=True):
+                if to_senior:
+                    corrections[k] = -j_b if math.isfinite(j_b) else 0.0
+                else:
+                    handovers[k] = s_b
 
         def column(name: str, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor([getattr(row.sampling, name) for row in rows], dtype=dtype, device=device)
@@ -451,14 +484,10 @@ class TandemLogitsProcessor(LogitsProcessor):
         out = torch.full((len(rows), logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=device)
         out[:, :width] = mixed.to(logits.dtype)
         logits.index_copy_(0, index, out)
-        for row, correction in zip(rows, corrections, strict=True):
+        for row, correction, handover in zip(rows, corrections, handovers, strict=True):
             position = row.num_tokens()
-            record = row.record
-            if len(record.corrections) > position:  # re-sampled position (e.g. after a partial prefill)
-                record.corrections[position] = correction
-            else:
-                record.corrections.extend([0.0] * (position - len(record.corrections)))
-                record.corrections.append(correction if math.isfinite(correction) else 0.0)
+            _put(row.record.corrections, position, correction, 0.0)
+            _put(row.record.handovers, position, handover, math.nan)
 
     @staticmethod
     def _penalize(junior: torch.Tensor, rows: list[_Row]) -> torch.Tensor:

@@ -25,7 +25,7 @@ class TandemWorkerExtension:
         """Remove and return the logits processor's side records of ``uids`` (a list or a JSON list string).
 
         Returns:
-            ``{uid: {"authors": [int], "corrections": [float]} | None}`` (see
+            ``{uid: {"authors": [int], "corrections": [float], "handovers": [float | None]} | None}`` (see
             [`pop_records`][tandem_grpo.vllm.processor.pop_records]).
         """
         from .processor import pop_records
