@@ -383,8 +383,10 @@ def boundary_coefficients(
 
     Args:
         state: the rule state *before* the token (what ``advance`` was given).
-        authors, unit_start: what ``advance`` returned for the token.
-        tables, rule: as for ``advance``.
+        authors: long ``[B]``, the authors ``advance`` returned for the token.
+        unit_start: bool ``[B]``, the unit starts ``advance`` returned for the token.
+        tables: the boundary tables given to ``advance``.
+        rule: the rule given to ``advance``.
     """
     table, forced = _unit_starts(state, tables, rule)
     partial = unit_start & ~forced & ~table.all()
