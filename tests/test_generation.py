@@ -92,15 +92,17 @@ def test_no_unit_exceeds_max_gap(models, tiny_tokenizer, tables):
     assert longest_unit(capped) == 3
 
 
-def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer, tables):
-    """Tandem(senior, copy of senior) vs the senior's exact two-token distribution, chi-square at 0.1 %."""
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer, tables, mode):
+    """Tandem(senior, copy of senior) vs the senior's exact two-token distribution, chi-square at 0.1 %, under both
+    handoff rules."""
     senior = models[0]
     n = 4000
     out = tandem_generate(
         senior,
         build_tiny_model(0),
         *_prompts(tiny_tokenizer, n, texts=("ab c",)),
-        rule=HandoffRule("word", 0.5, 32),
+        rule=HandoffRule("word", 0.5, 32, mode),
         tables=tables,
         max_new_tokens=2,
         eos_token_ids=[1],
@@ -128,11 +130,14 @@ def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer
     assert _chi2_sf(stat, dof) > 1e-3, (stat, dof)
 
 
-def test_mixture_sampling_matches_the_literal_two_stage_rule(models, tiny_tokenizer, tables):
-    """Sampling from the mixture vs the rule as stated (sample from o; on a boundary with n != o, resample from n
-    restricted to B), implemented here independently; first two tokens, two-sample chi-square at 0.1 %."""
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_mixture_sampling_matches_the_literal_rule(models, tiny_tokenizer, tables, mode):
+    """Sampling from the mixture vs the rule as stated, implemented here independently; first two tokens,
+    two-sample chi-square at 0.1 %. whole_unit: sample from o; on a boundary with n != o, resample from n restricted
+    to B. after_boundary (the authors'): sample from the owner; after a space-initial token a coin draws a new
+    owner."""
     senior, junior = models
-    rule = HandoffRule("word", 0.5, 32)
+    rule = HandoffRule("word", 0.5, 32, mode)
     n = 4000
     ids, mask = _prompts(tiny_tokenizer, n, texts=("ab",))
     tandem = tandem_generate(
@@ -149,6 +154,17 @@ def test_mixture_sampling_matches_the_literal_two_stage_rule(models, tiny_tokeni
         with torch.no_grad():
             p_s = torch.softmax(senior(seq, attention_mask=torch.ones_like(seq)).logits[:, -1], -1)
             p_j = torch.softmax(junior(seq, attention_mask=torch.ones_like(seq)).logits[:, -1], -1)
+        if mode == "after_boundary":
+            # The coin of unit k is the k-th redraw: unit 0 at the first token, unit 1 after a space-initial token.
+            starts = position == 0 or tables.starts_space[tokens[-1]]
+            author = draw_owners(torch.arange(n), torch.full((n,), 0 if position == 0 else 1), 0.5)
+            author = torch.where(torch.as_tensor(starts), author, owner)
+            p_a = torch.where((author == SENIOR)[:, None], p_s, p_j)
+            x = torch.multinomial(p_a, 1, generator=g).squeeze(1)
+            owner = author
+            tokens.append(x)
+            seq = torch.cat([seq, x[:, None]], dim=1)
+            continue
         p_o = torch.where((owner == SENIOR)[:, None], p_s, p_j)
         p_n = torch.where((nxt == SENIOR)[:, None], p_s, p_j)
         boundary = torch.ones_like(p_s, dtype=torch.bool) if position == 0 else tables.starts_word.expand_as(p_s)

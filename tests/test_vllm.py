@@ -157,8 +157,10 @@ def test_senior_logprobs_are_the_seniors_own(engine, prompts, fractions_run):
             assert senior[t] == pytest.approx(mixture[t], abs=1e-4)
 
 
-def test_self_pairing_is_distributed_like_solo(engine, prompts):
-    """With the junior a copy of the senior, the tandem mixture equals the senior: same token distributions.
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_self_pairing_is_distributed_like_solo(engine, prompts, mode):
+    """With the junior a copy of the senior, the tandem mixture equals the senior under both handoff rules: same
+    token distributions.
 
     A chi-square two-sample test per position (tokens seen fewer than 8 times pooled); the exact per-token form of
     the same fact is checked in ``test_senior_logprobs_are_the_seniors_own``.
@@ -168,7 +170,8 @@ def test_self_pairing_is_distributed_like_solo(engine, prompts):
     prompt = prompts[1]
     seeds = list(range(count))
     uids = new_uids(count)
-    params = sampling_params(None, seeds, uids, WORD, max_tokens=length) + sampling_params(
+    rule = HandoffRule("word", 0.5, 32, mode)
+    params = sampling_params(None, seeds, uids, rule, max_tokens=length) + sampling_params(
         None, seeds, uids, None, max_tokens=length
     )
     outputs = llm.generate([{"prompt_token_ids": prompt}] * (2 * count), sampling_params=params, use_tqdm=False)

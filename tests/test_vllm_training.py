@@ -138,36 +138,47 @@ def prompt_ids():
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
-def test_server_rollouts_use_the_junior_and_return_the_seniors_logprobs(server, junior_path, prompt_ids):
+def test_server_rollouts_use_the_junior_and_return_the_seniors_terms(server, junior_path, prompt_ids):
+    """Over the server, under both handoff rules: the rollout's senior log-probs are the senior's exact score terms
+    (``handoff.senior_token_terms``), recomputed here from the senior's own logits."""
     from transformers import AutoModelForCausalLM
 
+    from tandem_grpo.handoff import boundary_logprobs, replay, unit_start_ids
     from tandem_grpo.vllm.client import TandemVLLMClient
     from tandem_grpo.vllm.engine import boundary_tables, finish_rollout
 
     client = TandemVLLMClient(base_url=server, connection_timeout=10)
     info = client.check_tandem()
     assert info["junior_path"] == junior_path
-    rule = HandoffRule("word", 0.5, 32)
-    seeds = list(range(6))
-    ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, max_tokens=16)
     tables = boundary_tables(resolve_model_path(MODEL), info["vocab_size"], tuple(info["eos_token_ids"]))
-    rollout = finish_rollout(ids, mixture, records, seeds, rule, tables)
-
     senior = AutoModelForCausalLM.from_pretrained(resolve_model_path(MODEL), dtype=torch.float32).eval()
-    handoffs = 0
-    for completion, authors, own, mixed in zip(
-        rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, rollout.mixture_logprobs, strict=True
-    ):
-        with torch.no_grad():
-            logits = senior(torch.tensor([prompt_ids + completion])).logits[0, len(prompt_ids) - 1 : -1]
-        reference = torch.log_softmax(logits.float(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0]
-        for t, author in enumerate(authors):
-            if author == 0:
-                assert math.isnan(own[t])
-            else:
-                assert abs(own[t] - reference[t].item()) < 0.02, (t, own[t], reference[t].item())
-                handoffs += abs(own[t] - mixed[t]) > 1e-3
-    assert handoffs > 0  # junior-to-senior handoff tokens, where log P differs from the senior's log-prob
+    for mode in ("after_boundary", "whole_unit"):
+        rule = HandoffRule("word", 0.5, 32, mode)
+        seeds = list(range(6))
+        ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, max_tokens=16)
+        rollout = finish_rollout(ids, mixture, records, seeds, rule, tables)
+        handoffs = 0
+        for row, (completion, authors, own) in enumerate(
+            zip(rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, strict=True)
+        ):
+            with torch.no_grad():
+                logits = senior(torch.tensor([prompt_ids + completion])).logits[0, len(prompt_ids) - 1 : -1]
+            logprobs = torch.log_softmax(logits[:, : tables.vocab_size].float(), -1)
+            reference = logprobs.gather(1, torch.tensor(completion)[:, None])[:, 0]
+            coef = replay(torch.tensor([completion]), torch.tensor([seeds[row]]), tables, rule).boundary_coef[0]
+            b_lp = boundary_logprobs(logprobs, unit_start_ids(tables, rule)) if mode == "whole_unit" else None
+            for t, author in enumerate(authors):
+                c = int(coef[t])
+                handoffs += c != 0
+                if author == 0 and c == 0:
+                    assert math.isnan(own[t])
+                    continue
+                expected = (reference[t].item() if author == 1 else 0.0) + (c * b_lp[t].item() if c else 0.0)
+                assert abs(own[t] - expected) < 0.02, (mode, t, own[t], expected)
+        if mode == "whole_unit":
+            assert handoffs > 0  # positions where the terms carry log p_s(B)
+        else:
+            assert handoffs == 0
 
 
 def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
