@@ -86,8 +86,11 @@ def main() -> None:
     step_times = [h["step_time"] for h in history if "step_time" in h]
     print(f"\nCPU capability: {torch.backends.cpu.get_cpu_capability()}, torch threads: {torch.get_num_threads()}, "
           f"matmul probe: {matmul_gflops():.0f} GFLOP/s")  # fmt: skip
-    print(f"whole command in-process: {wall:.1f} s for {args.steps} steps; TRL step_time per step: "
-          + ", ".join(f"{t:.1f}" for t in step_times) + " s (under cProfile)")
+    print(
+        f"whole command in-process: {wall:.1f} s for {args.steps} steps; TRL step_time per step: "
+        + ", ".join(f"{t:.1f}" for t in step_times)
+        + " s (under cProfile)"
+    )
     print(f"{'phase':<28}{'s over all steps':>18}{'s per step':>12}")
     for phase, (filename, function) in PHASES.items():
         total = cumulative(stats, filename, function)

@@ -328,7 +328,8 @@ def mixture_logprobs(
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
-    switching = (state.owner != state.next_owner) & ~whole
+    # A proper, non-empty B with an owner change pending: the only rows the formula reshapes ("whole_unit").
+    switching = (state.owner != state.next_owner) & ~whole & boundary.any(dim=-1)
     if not bool(switching.any()):
         return o_lp
     # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below

@@ -193,6 +193,9 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
 
         self._co_generates = co_generates
+        if co_generates and args.handoff_mode == "whole_unit" and self._is_zero3():
+            # ZeRO-3 chosen through the accelerate config is only known now.
+            raise ValueError(_ZERO3_WHOLE_UNIT)
         self._junior_context = None
         self._vocab_width = logits_width(self.model.config)
         self.junior = self._setup_junior(junior_path)
@@ -424,7 +427,9 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 [1.0 if a == 1 or c != 0 else weight for a, c in zip(row, coefs, strict=False)]
                 for row, coefs in zip(self._authorship, coef.tolist(), strict=True)
             ]
-            self._scoring_coef = coef.to(self.accelerator.device) if bool(coef.any()) else None
+            # Carried under "whole_unit" even when all 0: then every process runs the same LM-head computation (a
+            # collective under FSDP2) whether or not its batch holds a handoff.
+            self._scoring_coef = coef.to(self.accelerator.device) if self.args.handoff_mode == "whole_unit" else None
         return (prompt_ids, completion_ids, tool_mask, *rest)
 
     def _generate_and_score_completions(self, inputs):
@@ -433,7 +438,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             output = super()._generate_and_score_completions(inputs)
             if self._scoring_coef is not None:
                 # A [B, T] tensor travels with the batch through TRL's shuffle and split into the loss.
-                output["tandem_boundary_coef"] = self._scoring_coef
+                output["tandem_boundary_coef"] = _pad_columns(self._scoring_coef, output["completion_ids"].shape[1])
             return output
         finally:
             self._scoring_coef = None
@@ -499,14 +504,21 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         coef = self._loss_coef if getattr(self, "_loss_keep", None) is not None else self._scoring_coef
-        if coef is not None and tuple(coef.shape) != (input_ids.shape[0], logits_to_keep):
-            coef = None
-        with self._hidden_states(model, coef is not None) as hidden:
+        if coef is not None:
+            # TRL pads completions to `pad_to_multiple_of`: the padding columns carry no term.
+            coef = _pad_columns(coef, logits_to_keep)
+            if tuple(coef.shape) != (input_ids.shape[0], logits_to_keep):
+                raise RuntimeError(
+                    f"The log p_s(B) coefficients have shape {tuple(coef.shape)} but TRL scores "
+                    f"{(input_ids.shape[0], logits_to_keep)} completion positions: the batch and its coefficients "
+                    "were split differently (a TRL change TandemGRPOTrainer does not follow)."
+                )
+        with self._hidden_states(model, coef is not None, logits_to_keep) as hidden:
             logps, entropies, *rest = super()._get_per_token_logps_and_entropies(
                 model, input_ids, attention_mask, logits_to_keep, *args, **kwargs
             )
         if coef is not None:
-            logps = self._with_boundary_terms(model, logps, hidden, coef)
+            logps = self._with_boundary_terms(model, logps, hidden, coef, input_ids[:, -logits_to_keep:])
         if getattr(self, "_loss_keep", None) is None:
             return (logps, entropies, *rest)
         keep, inputs = self._loss_keep
@@ -532,16 +544,18 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         return (logps, entropies, *rest)
 
     @contextlib.contextmanager
-    def _hidden_states(self, model, capture: bool):
-        """Collect the backbone's last hidden states of every forward inside (one ``[b, L, H]`` tensor per chunk TRL
-        scores), through a forward hook on the backbone TRL's fused LM head calls (``model.base_model``)."""
+    def _hidden_states(self, model, capture: bool, positions: int):
+        """Collect the backbone's last hidden states at the ``positions`` that predict completion tokens (one
+        ``[b, positions, H]`` tensor per chunk TRL scores), through a forward hook on the backbone TRL's fused LM
+        head calls (``model.base_model``; TRL's head reads ``last_hidden_state[:, :-1]``)."""
         captured: list[torch.Tensor] = []
         if not capture:
             yield captured
             return
 
         def keep(module, args, output):
-            captured.append(output[0] if isinstance(output, tuple) else output.last_hidden_state)
+            states = output[0] if isinstance(output, tuple) else output.last_hidden_state
+            captured.append(states[:, -positions - 1 : -1])
 
         handle = _causal_lm(self.accelerator.unwrap_model(model)).base_model.register_forward_hook(keep)
         try:
@@ -549,31 +563,50 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         finally:
             handle.remove()
 
-    def _with_boundary_terms(self, model, logps: torch.Tensor, hidden: list[torch.Tensor], coef: torch.Tensor):
-        """``logps`` [B, T] with the senior's exact terms where ``coef != 0``: ``log p_s(x) - log p_s(B)`` where the
-        senior took a unit over (-1), ``log p_s(B)`` where it handed one to the junior (+1). ``log p_s(B)`` comes from
-        the LM head applied to the hidden states of those positions alone, at TRL's temperature, in float32."""
+    def _with_boundary_terms(
+        self, model, logps: torch.Tensor, hidden: list[torch.Tensor], coef: torch.Tensor, completion_ids: torch.Tensor
+    ) -> torch.Tensor:
+        """``logps`` [B, T] with the senior's exact terms
+        ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]) where ``coef != 0``: ``log p_s(x) -
+        log p_s(B)`` where the senior took a unit over (-1), ``log p_s(B)`` where it handed one to the junior (+1).
+
+        The whole term at those positions comes from one set of logits: the LM head applied to the hidden states of
+        those positions alone, at TRL's temperature, in the head's dtype (float32 with ``cast_lm_head_to_fp32``),
+        normalized in float32 over every logits column as TRL's own log-probs are."""
+        rows_seen = sum(h.shape[0] for h in hidden)
+        if rows_seen != logps.shape[0]:
+            raise RuntimeError(
+                f"The backbone hook saw {rows_seen} rows in {len(hidden)} forward passes while TRL scored "
+                f"{logps.shape[0]}: the log p_s(B) terms cannot be placed (a TRL change TandemGRPOTrainer does not "
+                "follow)."
+            )
         lm = _causal_lm(self.accelerator.unwrap_model(model))
         head = lm.get_output_embeddings()
         weight, bias = head.weight, head.bias
         if hasattr(weight, "full_tensor"):  # FSDP2 DTensor, gathered as TRL's fused head does
             weight = weight.full_tensor()
             bias = bias.full_tensor() if bias is not None else None
-        # B's mass over every logits column, the normalizer of TRL's own log p_s(x) (embedding padding included).
-        ids = torch.zeros(weight.shape[0], dtype=torch.bool, device=logps.device)
-        ids[: self._tables.vocab_size] = unit_start_ids(self._tables, self.args.handoff_rule).to(logps.device)
-        states = torch.cat([h[:, -logps.shape[1] - 1 : -1] for h in hidden], dim=0)  # [B, T, H], predicting x_t
+        states = torch.cat(hidden, dim=0)  # [B, T, H], position t predicting completion token t
         rows, cols = coef.nonzero(as_tuple=True)
-        with torch.autocast(logps.device.type, enabled=False):
-            logits = torch.nn.functional.linear(
-                states[rows, cols].float(), weight.float(), None if bias is None else bias.float()
-            )
-        logits = logits / self.temperature
-        b_lp = torch.zeros_like(logps)
-        b_lp = b_lp.index_put((rows, cols), boundary_logprobs(logits, ids).to(logps.dtype))
-        # At +1 the token is the junior's: the senior's term is log p_s(B) alone.
-        terms, _ = senior_token_terms(logps, b_lp, (coef != 1).long(), coef)
-        return torch.where(coef != 0, terms, logps)
+        picked = states[rows, cols].to(weight.device)
+        if self.args.cast_lm_head_to_fp32:
+            with torch.autocast(picked.device.type, enabled=False):
+                logits = torch.nn.functional.linear(
+                    picked.float(), weight.float(), None if bias is None else bias.float()
+                )
+        else:
+            logits = torch.nn.functional.linear(picked.to(weight.dtype), weight, bias)
+        logprobs = torch.log_softmax(logits.float() / self.temperature, dim=-1)  # [N, W]
+        ids = torch.zeros(logprobs.shape[-1], dtype=torch.bool, device=logprobs.device)
+        ids[: self._tables.vocab_size] = unit_start_ids(self._tables, self.args.handoff_rule).to(logprobs.device)
+        token_lp = logprobs.gather(1, completion_ids[rows, cols].to(logprobs.device).unsqueeze(1)).squeeze(1)
+        terms, _ = senior_token_terms(
+            token_lp,
+            boundary_logprobs(logprobs, ids),
+            (coef[rows, cols] != 1).long(),  # at +1 the token is the junior's: log p_s(B) alone
+            coef[rows, cols],
+        )
+        return logps.index_put((rows, cols), terms.to(logps.dtype).to(logps.device))
 
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
@@ -638,10 +671,20 @@ def _check_whole_unit_supported(model, args: TandemGRPOConfig) -> None:
         )
     deepspeed = getattr(args, "hf_deepspeed_config", None)
     if deepspeed is not None and deepspeed.is_zero3():
-        raise ValueError(
-            "handoff_mode='whole_unit' is not supported under DeepSpeed ZeRO-3 (its log p_s(B) terms read the LM head "
-            "outside the model's forward): use handoff_mode='after_boundary' (the default), ZeRO-2 or FSDP2."
-        )
+        raise ValueError(_ZERO3_WHOLE_UNIT)
+
+
+_ZERO3_WHOLE_UNIT = (
+    "handoff_mode='whole_unit' is not supported under DeepSpeed ZeRO-3 (its log p_s(B) terms read the LM head outside "
+    "the model's forward): use handoff_mode='after_boundary' (the default), ZeRO-2 or FSDP2."
+)
+
+
+def _pad_columns(values: torch.Tensor, width: int) -> torch.Tensor:
+    """``values`` [B, T] right-padded with zeros to ``width`` columns (unchanged when it has that many or more)."""
+    if values.shape[1] >= width:
+        return values
+    return torch.nn.functional.pad(values, (0, width - values.shape[1]))
 
 
 def _senior_vocabulary(model, processing_class) -> tuple[PreTrainedTokenizerBase, int]:

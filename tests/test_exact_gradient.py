@@ -159,45 +159,86 @@ def test_the_uncorrected_whole_unit_terms_are_biased(granularity):
 # ------------------------------------------------------------------ the trainer uses exactly these terms
 
 
-def _trainer_batch(tmp_path, model_dirs, loss_type: str, **overrides):
+PADDING = 3  # the senior's logits are wider than the tokenizer, as Qwen's checkpoints pad their embeddings
+
+
+@pytest.fixture(scope="module")
+def padded_senior(tmp_path_factory, tiny_tokenizer) -> str:
+    from conftest import build_tiny_model, pad_vocabulary
+
+    path = tmp_path_factory.mktemp("padded-senior")
+    pad_vocabulary(build_tiny_model(0), PADDING).save_pretrained(path)
+    tiny_tokenizer.save_pretrained(path)
+    return str(path)
+
+
+def _trainer_batch(tmp_path, senior: str, junior: str, loss_type: str, **overrides):
+    """A whole_unit trainer and one generation batch of 8 completions of 4 different prompts (left padding), scored
+    in 2 chunks of 4 (TRL's batch_size), padded to a multiple of 8 columns."""
     from conftest import build_tiny_tokenizer, tiny_prompts, tiny_tandem_config
 
     from tandem_grpo import TandemGRPOTrainer
 
     trainer = TandemGRPOTrainer(
-        model=model_dirs[0],
+        model=senior,
         reward_funcs=lambda completions, **kwargs: [float(len(c)) for c in completions],
         args=tiny_tandem_config(
             tmp_path / "out",
-            handoff_mode="whole_unit",
-            junior_model_name_or_path=model_dirs[1],
-            loss_type=loss_type,
-            per_device_train_batch_size=8,
-            num_generations=8,
-            max_completion_length=16,
-            temperature=0.9,
-            **overrides,
-        ),  # fmt: skip
+            **{
+                "handoff_mode": "whole_unit",
+                "junior_model_name_or_path": junior,
+                "loss_type": loss_type,
+                "per_device_train_batch_size": 4,
+                "gradient_accumulation_steps": 2,
+                "num_generations": 8,
+                "max_completion_length": 13,
+                "pad_to_multiple_of": 8,
+                "temperature": 0.9,
+                **overrides,
+            },
+        ),
         train_dataset=tiny_prompts(8),
         processing_class=build_tiny_tokenizer(),
     )
     trainer.model.train()
-    batch = trainer._generate_and_score_completions([{"prompt": "ab c"}] * 8)
+    return trainer
+
+
+def _rollout(trainer):
+    batch = trainer._generate_and_score_completions([{"prompt": p} for p in ("ab c", "d e", "f.\ng", "h")] * 2)
     authorship = torch.zeros_like(batch["completion_ids"])
     for row, authors in enumerate(trainer._authorship):
         authorship[row, : len(authors)] = torch.tensor(authors)
     batch["advantages"] = torch.linspace(-1.5, 2.0, 8)  # fixed, non-zero advantages
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop
-    return trainer, batch, authorship
+    return batch, authorship
+
+
+def _plain_terms(model, batch, authorship, trainer):
+    """The senior terms of a batch from a plain forward's full logits (not through the trainer's hook)."""
+    completion_mask = batch["completion_mask"]
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+    width = batch["completion_ids"].shape[1]
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
+    logprobs = torch.log_softmax(logits, dim=-1)  # every logits column, as TRL normalizes
+    token_lp = logprobs.gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
+    ids_b = torch.zeros(logprobs.shape[-1], dtype=torch.bool)
+    ids_b[: trainer._tables.vocab_size] = unit_start_ids(trainer._tables, trainer.args.handoff_rule)
+    return senior_token_terms(token_lp, boundary_logprobs(logprobs, ids_b), authorship, batch["tandem_boundary_coef"])
 
 
 @pytest.mark.parametrize("loss_type", ["bnpo", "dapo"])
-def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, tiny_model_dirs, loss_type):
+def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, padded_senior, tiny_model_dirs, loss_type):
     """On a real rollout batch, TRL's loss (through TandemGRPOTrainer) has the gradient of
     -sum(A_i * terms_it) / (number of positions whose term involves the senior), with the terms computed here from the
     full logits of a plain forward (not through the trainer's hidden-state hook)."""
-    trainer, batch, authorship = _trainer_batch(tmp_path, tiny_model_dirs, loss_type)
+    trainer = _trainer_batch(tmp_path, padded_senior, tiny_model_dirs[1], loss_type)
+    batch, authorship = _rollout(trainer)
+    assert batch["completion_ids"].shape[1] == 16, "padded to a multiple of 8"
+    assert bool((batch["prompt_mask"] == 0).any()), "left-padded prompts"
     coef = batch["tandem_boundary_coef"]
+    assert coef.shape == batch["completion_ids"].shape
     assert bool((coef == 1).any()) and bool((coef == -1).any()), "the batch must hold handoffs both ways"
     completion_mask = batch["completion_mask"]
     senior_mask = (authorship.bool() | (coef != 0)) & completion_mask.bool()
@@ -210,14 +251,7 @@ def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, tiny_mod
     got = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
 
     model.zero_grad()
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
-    width = batch["completion_ids"].shape[1]
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
-    logprobs = torch.log_softmax(logits, dim=-1)
-    token_lp = logprobs.gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
-    b_lp = boundary_logprobs(logprobs, unit_start_ids(trainer._tables, trainer.args.handoff_rule))
-    terms, involved = senior_token_terms(token_lp, b_lp, authorship, coef)
+    terms, involved = _plain_terms(model, batch, authorship, trainer)
     assert torch.equal(involved & completion_mask.bool(), senior_mask)
     weights = senior_mask.float() * batch["advantages"].unsqueeze(1)
     (-(terms * weights).sum() / senior_mask.sum()).backward()
@@ -229,6 +263,9 @@ def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, tiny_mod
     # And it is not the 0.1 gradient (log p_s(x) on the senior's tokens only): the comparison has power.
     model.zero_grad()
     old_mask = authorship.bool() & completion_mask.bool()
+    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
+    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
+    width = batch["completion_ids"].shape[1]
     logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
     token_lp = torch.log_softmax(logits, dim=-1).gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
     (-(token_lp * old_mask * batch["advantages"].unsqueeze(1)).sum() / old_mask.sum()).backward()
@@ -236,26 +273,21 @@ def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, tiny_mod
     assert max((old[n] - got[n]).abs().max().item() for n in got) > 1e-4
 
 
-def _plain_terms(model, batch, authorship, trainer):
-    completion_mask = batch["completion_mask"]
-    ids = torch.cat([batch["prompt_ids"], batch["completion_ids"]], dim=1)
-    mask = torch.cat([batch["prompt_mask"], completion_mask], dim=1)
-    width = batch["completion_ids"].shape[1]
-    logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
-    logprobs = torch.log_softmax(logits, dim=-1)
-    token_lp = logprobs.gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
-    b_lp = boundary_logprobs(logprobs, unit_start_ids(trainer._tables, trainer.args.handoff_rule))
-    return senior_token_terms(token_lp, b_lp, authorship, batch["tandem_boundary_coef"])
-
-
-def test_old_and_reference_logprobs_carry_the_same_terms(tmp_path, tiny_model_dirs):
+def test_old_and_reference_logprobs_carry_the_same_terms(tmp_path, padded_senior, tiny_model_dirs):
     """Importance ratios and the KL term compare like with like: the old (num_iterations > 1) and reference (beta > 0)
-    log-probs TRL computes at generation carry the same log p_s(B) terms as the current ones."""
-    trainer, batch, authorship = _trainer_batch(tmp_path, tiny_model_dirs, "bnpo", beta=0.04, num_iterations=2)
+    log-probs TRL computes at generation (in chunks of 4 rows) carry the log p_s(B) terms of their own model."""
+    trainer = _trainer_batch(tmp_path, padded_senior, tiny_model_dirs[1], "bnpo", beta=0.04, num_iterations=2)
+    reference = trainer.ref_model
+    assert reference is not None and reference is not trainer.model
+    with torch.no_grad():  # a reference that differs from the senior, so that each side's terms are its own
+        for weight in reference.parameters():
+            weight.add_(torch.randn(weight.shape, generator=torch.Generator().manual_seed(0)) * 0.05)
+    batch, authorship = _rollout(trainer)
     with torch.no_grad():
-        terms, involved = _plain_terms(trainer.model, batch, authorship, trainer)
+        senior_terms, involved = _plain_terms(trainer.model, batch, authorship, trainer)
+        reference_terms, _ = _plain_terms(reference, batch, authorship, trainer)
     keep = involved & batch["completion_mask"].bool()
     assert bool((batch["tandem_boundary_coef"][keep] != 0).any())
-    # At generation the reference model and the old policy are both the initial senior.
-    for key in ("old_per_token_logps", "ref_per_token_logps"):
-        torch.testing.assert_close(batch[key][keep], terms[keep], atol=1e-5, rtol=1e-5, msg=key)
+    assert (senior_terms[keep] - reference_terms[keep]).abs().max() > 1e-2
+    torch.testing.assert_close(batch["old_per_token_logps"][keep], senior_terms[keep], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(batch["ref_per_token_logps"][keep], reference_terms[keep], atol=1e-5, rtol=1e-5)

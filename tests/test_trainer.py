@@ -310,6 +310,18 @@ def test_overridden_trl_internals_have_the_expected_shape():
         assert key in loss_source
     params = list(inspect.signature(GRPOTrainer._get_per_token_logps_and_entropies).parameters)
     assert params[:5] == ["self", "model", "input_ids", "attention_mask", "logits_to_keep"]
+    # The whole_unit log p_s(B) terms: a hook on the backbone TRL's fused head calls reads its hidden states at the
+    # positions TRL scores, and the coefficients are padded the way TRL pads completions.
+    from trl.trainer.utils import add_fused_lm_head
+
+    fused = inspect.getsource(add_fused_lm_head)
+    assert 'backbone_attr = "base_model"' in fused
+    assert "hidden_states = backbone_outputs.last_hidden_state[:, :-1]" in fused
+    logps_source = inspect.getsource(GRPOTrainer._get_per_token_logps_and_entropies)
+    assert "all_logps.append(outputs.log_probs[:, -logits_to_keep:])" in logps_source
+    assert 'completion_mask, padding_value=0, padding_side="right", pad_to_multiple_of=self.pad_to_multiple_of' in (
+        scoring
+    )
 
 
 @pytest.mark.integration

@@ -459,7 +459,7 @@ class TandemLogitsProcessor(LogitsProcessor):
 
         # Rows where B is a proper subset and the owner may change ("whole_unit" handoffs): there the senior's term
         # differs from vLLM's log P (module docstring). Full-vocabulary sums on those rows only.
-        switching = (state.owner != state.next_owner) & ~boundary.all(dim=-1)
+        switching = (state.owner != state.next_owner) & ~boundary.all(dim=-1) & boundary.any(dim=-1)
         corrections, handovers = [0.0] * len(rows), [math.nan] * len(rows)
         if bool(switching.any()):
             sub = switching.nonzero().squeeze(1)

@@ -197,9 +197,9 @@ class TandemVLLMGeneration(VLLMGeneration):
             seeds: ``B`` coin-stream seeds, distinct per completion (the trainer keeps them to replay authorship).
 
         Returns:
-            ``(completion_ids, senior_logprobs, authorship)``: per completion, the token ids, the senior's own
-            log-probs (``NaN`` on junior tokens; ``None`` if vLLM returned none) and the authorship mask (1 senior,
-            0 junior).
+            ``(completion_ids, senior_logprobs, authorship)``: per completion, the token ids, the senior's exact
+            score terms (``TandemRollout.senior_logprobs``: ``NaN`` on junior tokens that carry no senior term;
+            ``None`` if vLLM returned none) and the authorship mask (1 senior, 0 junior).
         """
         if len(prompt_ids) != len(seeds):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
@@ -319,9 +319,9 @@ def generate_tandem(
         seeds: one coin-stream seed per completion.
 
     Returns:
-        ``(completion_ids, senior_logprobs, authorship)`` lists of lists: token ids; the senior's own log-prob of
-        each senior token at the sampling temperature (``NaN`` on junior tokens, which the trainer masks); 1/0 per
-        token (senior/junior).
+        ``(completion_ids, senior_logprobs, authorship)`` lists of lists: token ids; the senior's exact score term
+        of each token at the sampling temperature (``TandemRollout.senior_logprobs``; ``NaN`` on junior tokens that
+        carry no senior term, which the trainer masks); 1/0 per token (senior/junior).
 
     Raises:
         TypeError: ``trainer.vllm_generation`` is not a tandem backend.
