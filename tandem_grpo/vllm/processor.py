@@ -46,7 +46,9 @@ mixture mass the truncation kept (1 without truncation). The records:
   ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
   ``P = p_s`` (every position of ``after_boundary``).
 - ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
-  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere.
+  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere. It carries no
+  ``- log Z_t``: under truncation (top-k/top-p/min-p; off by default) TRL's importance ratio at these positions
+  compares the senior's untruncated boundary mass.
 """
 
 from __future__ import annotations
