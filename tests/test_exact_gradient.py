@@ -254,7 +254,10 @@ def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, padded_s
     terms, involved = _plain_terms(model, batch, authorship, trainer)
     assert torch.equal(involved & completion_mask.bool(), senior_mask)
     weights = senior_mask.float() * batch["advantages"].unsqueeze(1)
-    (-(terms * weights).sum() / senior_mask.sum()).backward()
+    # TRL's normalizers for one call on the whole generation batch (one accumulation step here): bnpo divides by the
+    # batch's mask sum; dapo by num_items_in_batch (the same count) rescaled to one of steps_per_generation windows.
+    denominator = senior_mask.sum() / (trainer.args.steps_per_generation if loss_type == "dapo" else 1)
+    (-(terms * weights).sum() / denominator).backward()
     expected = {name: p.grad.clone() for name, p in model.named_parameters() if p.grad is not None}
     assert got.keys() == expected.keys()
     for name in got:
@@ -268,7 +271,7 @@ def test_trainer_loss_gradient_is_built_from_the_senior_terms(tmp_path, padded_s
     width = batch["completion_ids"].shape[1]
     logits = model(input_ids=ids, attention_mask=mask).logits[:, -width - 1 : -1].float() / trainer.temperature
     token_lp = torch.log_softmax(logits, dim=-1).gather(2, batch["completion_ids"].unsqueeze(2)).squeeze(2)
-    (-(token_lp * old_mask * batch["advantages"].unsqueeze(1)).sum() / old_mask.sum()).backward()
+    (-(token_lp * old_mask * batch["advantages"].unsqueeze(1)).sum() / denominator).backward()
     old = {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
     assert max((old[n] - got[n]).abs().max().item() for n in got) > 1e-4
 
