@@ -8,7 +8,8 @@ here suit a CPU: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-sm
 4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps, questions that ask for a
 one-line computation and a ``\boxed{}`` answer (``--instruction``). On 2 CPU cores this takes about 25 minutes (the
 README's Speed section names the machine) and the format reward rises over the run (``bench/main_job_seeds.py``
-measures it per seed); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's default instruction is step by step). Writes the final model
+measures it per seed); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's default
+instruction is step by step). Writes the final model
 (538 MB for SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No
 intermediate checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the
 Adam state, about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last.
