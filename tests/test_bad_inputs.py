@@ -152,6 +152,8 @@ CATALOGUE: list[Entry] = [
     Entry("TandemGRPOConfig", "`handoff_granularity=\"paragraph\"`", "`ValueError` listing token, word, sentence",
           ValueError, r"handoff_granularity.*'paragraph'.*token.*word.*sentence",
           _config(handoff_granularity="paragraph")),
+    Entry("TandemGRPOConfig", "`handoff_mode=\"per_word\"`", "`ValueError` naming after_boundary and whole_unit",
+          ValueError, r"handoff_mode='per_word'.*'after_boundary'.*'whole_unit'", _config(handoff_mode="per_word")),
     Entry("TandemGRPOConfig", "`max_gap_tokens=0`", "`ValueError`: must be >= 1",
           ValueError, r"max_gap_tokens.*0", _config(max_gap_tokens=0)),
     Entry("TandemGRPOConfig", "`max_completion_length=0`", "`ValueError`: must be >= 1 (GRPOConfig accepts it)",
