@@ -328,8 +328,7 @@ def mixture_logprobs(
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
-    # A proper, non-empty B with an owner change pending: the only rows the formula reshapes ("whole_unit").
-    switching = (state.owner != state.next_owner) & ~whole & boundary.any(dim=-1)
+    switching = handoff_rows(state, boundary)
     if not bool(switching.any()):
         return o_lp
     # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below
@@ -344,6 +343,13 @@ def mixture_logprobs(
     n_in_b = torch.where(b_sw, n_sw, neg_inf)
     n_given_b = n_in_b - torch.logsumexp(n_in_b, dim=-1, keepdim=True)
     return o_lp.index_copy(0, rows, torch.where(b_sw, o_mass_b + n_given_b, o_sw))
+
+
+def handoff_rows(state: HandoffState, boundary: torch.Tensor) -> torch.Tensor:
+    """Rows whose next token may change the owner within a proper, non-empty ``B`` (``"whole_unit"`` only), bool
+    ``[B]``: the only rows where the mixture differs from one model's distribution, and where the senior's score term
+    carries ``log p_s(B)``. ``boundary`` is ``boundary_mask``'s ``[B, V]``."""
+    return (state.owner != state.next_owner) & ~boundary.all(dim=-1) & boundary.any(dim=-1)
 
 
 def advance(

@@ -39,7 +39,7 @@ from .config import TandemGRPOConfig
 from .distributed import broadcast_weights
 from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
-from .handoff import BoundaryTables, boundary_logprobs, replay, senior_token_terms, unit_start_ids
+from .handoff import BoundaryTables, HandoffTrace, boundary_logprobs, replay, senior_token_terms, unit_start_ids
 from .junior import (
     check_junior_fits,
     check_junior_vocabulary,
@@ -415,9 +415,12 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             # The senior wrote every token (junior_probability 0, the KL ablation, solo evaluation): log that too, so
             # a sweep over junior_probability plots one curve.
             self._last_seeds = [0] * len(completion_ids)
-            self._log_tandem_metrics(completion_ids, [[1] * len(ids) for ids in completion_ids])
+            authorship = [[1] * len(ids) for ids in completion_ids]
+            self._log_tandem_metrics(completion_ids, authorship, self._replay(completion_ids).unit_starts)
         else:
-            coef = self._log_tandem_metrics(completion_ids, self._authorship)
+            trace = self._replay(completion_ids)
+            self._log_tandem_metrics(completion_ids, self._authorship, trace.unit_starts)
+            coef = trace.boundary_coef
             weight = float(self.args.junior_token_loss_weight)
             # GRPOTrainer multiplies its completion mask by `tool_mask` in the loss, the KL term, the importance
             # sampling correction and the token count it normalizes by: the senior's mask belongs exactly there. It
@@ -443,15 +446,20 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         finally:
             self._scoring_coef = None
 
-    def _log_tandem_metrics(self, completion_ids: list[list[int]], authorship: list[list[int]]) -> torch.Tensor:
-        """Log the tandem metrics; return the ``log p_s(B)`` coefficients, long ``[B, T_max]`` (0 past each end)."""
-        mode = "train" if self.model.training else "eval"
+    def _replay(self, completion_ids: list[list[int]]) -> HandoffTrace:
+        """The handoff trace of this call's completions from their tokens and coin seeds, ``[B, T_max]`` tensors with
+        the ``log p_s(B)`` coefficients 0 past each completion's end."""
         padded = pad([torch.tensor(ids) for ids in completion_ids], padding_value=self._tokenizer.pad_token_id)
         trace = replay(padded, torch.tensor(self._last_seeds), self._tables, self.args.handoff_rule)
-        unit_starts = trace.unit_starts
         lengths = torch.tensor([len(ids) for ids in completion_ids])
         inside = torch.arange(padded.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
-        coef = torch.where(inside, trace.boundary_coef, 0)
+        trace.boundary_coef = torch.where(inside, trace.boundary_coef, 0)
+        return trace
+
+    def _log_tandem_metrics(
+        self, completion_ids: list[list[int]], authorship: list[list[int]], unit_starts: torch.Tensor
+    ) -> None:
+        mode = "train" if self.model.training else "eval"
         senior = junior_units = units = handoffs = tokens = 0
         for row, starts in zip(authorship, unit_starts.tolist(), strict=True):
             tokens += len(row)
@@ -476,7 +484,6 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 for ids, row in zip(completion_ids, authorship, strict=True)
             ]
             self._log_completion_extra("authorship", marked)
-        return coef
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)

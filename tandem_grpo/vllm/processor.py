@@ -70,6 +70,7 @@ from ..handoff import (
     HandoffState,
     advance,
     boundary_mask,
+    handoff_rows,
     init_state,
     mixture_logprobs,
     validate_rule_fields,
@@ -461,7 +462,7 @@ class TandemLogitsProcessor(LogitsProcessor):
 
         # Rows where B is a proper subset and the owner may change ("whole_unit" handoffs): there the senior's term
         # differs from vLLM's log P (module docstring). Full-vocabulary sums on those rows only.
-        switching = (state.owner != state.next_owner) & ~boundary.all(dim=-1) & boundary.any(dim=-1)
+        switching = handoff_rows(state, boundary)
         corrections, handovers = [0.0] * len(rows), [math.nan] * len(rows)
         if bool(switching.any()):
             sub = switching.nonzero().squeeze(1)
