@@ -1,4 +1,4 @@
-"""Tests for tandem_grpo.data: real shared files, row validation, and the built-in arithmetic set."""
+"""Tests for tandem_grpo.data (answers, loading, arithmetic): real shared files, row validation, the built-in set."""
 
 from __future__ import annotations
 
@@ -13,10 +13,12 @@ from conftest import SHARED_DATA as DATA_DIR
 from tandem_grpo import data
 from tandem_grpo.data import (
     INSTRUCTION,
+    arithmetic,
     arithmetic_word_problems,
     gsm8k_gold,
     last_boxed,
     load_math_dataset,
+    loading,
     to_example,
 )
 
@@ -89,8 +91,8 @@ def test_short_name_without_mirror_goes_to_the_hub_never_a_guessed_path(monkeypa
         return datasets.Dataset.from_dict({"question": ["q"], "final_ans": ["7"]})
 
     monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
-    monkeypatch.setattr(data, "hub_reachable", lambda: True)
-    monkeypatch.setattr(data.datasets, "load_dataset", hub)
+    monkeypatch.setattr(loading, "hub_reachable", lambda: True)
+    monkeypatch.setattr(loading.datasets, "load_dataset", hub)
     # A folder laid out like the mirror beside the working directory must not be picked up.
     (tmp_path / "work").mkdir()
     (tmp_path / "shared" / "data" / "multiarith").mkdir(parents=True)
@@ -105,9 +107,9 @@ def test_short_name_without_mirror_goes_to_the_hub_never_a_guessed_path(monkeypa
 def test_every_short_name_maps_to_a_hub_set_with_its_config_and_split(monkeypatch, name):
     calls = []
     monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
-    monkeypatch.setattr(data, "hub_reachable", lambda: True)
+    monkeypatch.setattr(loading, "hub_reachable", lambda: True)
     monkeypatch.setattr(
-        data.datasets,
+        loading.datasets,
         "load_dataset",
         lambda *a, **k: calls.append((a, k)) or datasets.Dataset.from_dict({"problem": ["p"], "answer": ["1"]}),
     )
@@ -122,8 +124,8 @@ def test_every_short_name_maps_to_a_hub_set_with_its_config_and_split(monkeypatc
 def test_hub_unreachable_without_mirror_fails_fast_naming_the_offline_settings(monkeypatch):
     monkeypatch.delenv("TANDEM_GRPO_DATA_DIR", raising=False)
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
-    monkeypatch.setattr(data, "hub_reachable", lambda: False)
-    monkeypatch.setattr(data.datasets, "load_dataset", lambda *a, **k: pytest.fail("must not wait for the hub"))
+    monkeypatch.setattr(loading, "hub_reachable", lambda: False)
+    monkeypatch.setattr(loading.datasets, "load_dataset", lambda *a, **k: pytest.fail("must not wait for the hub"))
     with pytest.raises(ConnectionError) as info:
         load_math_dataset("gsm8k", split="test")
     message = str(info.value)
@@ -140,7 +142,7 @@ def test_data_dir_argument_overrides_the_environment(monkeypatch, tmp_path):
 
 def test_mirror_without_the_set_names_the_mirror_and_the_fix(monkeypatch, tmp_path):
     monkeypatch.setenv("TANDEM_GRPO_DATA_DIR", str(tmp_path))
-    monkeypatch.setattr(data, "hub_reachable", lambda: False)
+    monkeypatch.setattr(loading, "hub_reachable", lambda: False)
     with pytest.raises(ConnectionError, match=rf"mirror {re.escape(str(tmp_path))} has no gsm8k/ folder"):
         load_math_dataset("gsm8k")
 
@@ -318,8 +320,8 @@ def test_hub_failure_says_hub_unreachable_and_suggests_local_file(monkeypatch):
         calls.append((args, kwargs))
         raise ConnectionError("Couldn't reach 'openai/gsm8k' on the Hub")
 
-    monkeypatch.setattr(data, "hub_reachable", lambda: True)
-    monkeypatch.setattr(data.datasets, "load_dataset", unreachable)
+    monkeypatch.setattr(loading, "hub_reachable", lambda: True)
+    monkeypatch.setattr(loading.datasets, "load_dataset", unreachable)
     with pytest.raises(ConnectionError) as info:
         load_math_dataset("openai/gsm8k")
     assert "hub could not be reached" in str(info.value)
@@ -331,8 +333,8 @@ def test_hub_dataset_rows_are_converted(monkeypatch):
     fake = datasets.Dataset.from_dict(
         {"question": ["q1", "q2", "q3"], "answer": ["x\n#### 1,234", "#### 5", "#### 6"], "extra": [1, 2, 3]}
     )
-    monkeypatch.setattr(data, "hub_reachable", lambda: True)
-    monkeypatch.setattr(data.datasets, "load_dataset", lambda *a, **k: fake)
+    monkeypatch.setattr(loading, "hub_reachable", lambda: True)
+    monkeypatch.setattr(loading.datasets, "load_dataset", lambda *a, **k: fake)
     ds = load_math_dataset("someone/math", split="test", limit=2)
     assert ds.column_names == ["prompt", "answer"]
     assert ds["answer"] == ["1234", "5"]
@@ -390,7 +392,7 @@ def test_arithmetic_problems_are_deterministic_per_seed():
 
 
 def test_arithmetic_gold_answers_are_right():
-    templates = [(op, _template_regex(t)) for op, ts in data._ARITHMETIC_TEMPLATES.items() for t in ts]
+    templates = [(op, _template_regex(t)) for op, ts in arithmetic._ARITHMETIC_TEMPLATES.items() for t in ts]
     ds = arithmetic_word_problems(300, seed=11)
     ops_seen = set()
     for example in ds:

@@ -1,6 +1,7 @@
-"""Math datasets as TRL-ready conversational prompts with a gold answer column.
+"""Loading math datasets (a JSON / JSON Lines file, a folder, an offline mirror, the Hugging Face Hub) as TRL-ready
+conversational prompts with a gold answer column.
 
-Every loader here returns a ``datasets.Dataset`` with exactly two columns:
+[`load_math_dataset`][tandem_grpo.data.load_math_dataset] returns a ``datasets.Dataset`` with exactly two columns:
 
 * ``prompt``: a conversation ``[{"role": "user", "content": question + INSTRUCTION}]``, the format
   that TRL's ``GRPOTrainer`` renders with the tokenizer's chat template;
@@ -21,8 +22,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,146 +29,22 @@ from typing import Any
 
 import datasets
 
-from .models import hub_reachable
+from ..models import hub_reachable
+from .answers import _format_number, _normalize_gold_string, gsm8k_gold, last_boxed
+from .instructions import INSTRUCTION
 
 __all__ = [
     "DATASETS",
     "DATA_DIR_ENV",
-    "INSTRUCTION",
-    "INSTRUCTIONS",
-    "ONE_LINE_INSTRUCTION",
     "HubDataset",
-    "arithmetic_word_problems",
-    "gsm8k_gold",
-    "last_boxed",
     "load_math_dataset",
     "to_example",
 ]
-
-INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
-"""Appended to every question by default: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
-
-ONE_LINE_INSTRUCTION = (
-    "\n\nCompute it in one line, then give the answer as \\boxed{}. Example: 3 + 4 = 7, so \\boxed{7}."
-)
-"""A short-answer instruction for small models and short completions. Measured on SmolLM2-135M-Instruct with
-``python bench/probe_instructions.py`` (8 built-in problems x 4 samples, temperature 1, 64 new tokens): 25% of
-completions give a ``\\boxed{}`` answer and 28% reach the token cap, against 3% and 91% with
-[`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO almost no reward to learn from at that length."""
-
-INSTRUCTIONS: dict[str, str] = {"step_by_step": INSTRUCTION, "one_line": ONE_LINE_INSTRUCTION}
-"""The instructions by the names the command lines take (``--instruction step_by_step|one_line``)."""
 
 QUESTION_FIELDS: tuple[str, ...] = ("problem", "question", "input")
 """Fields that may hold the question, tried in this order."""
 
 _HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
-_BOX_COMMANDS = ("\\boxed", "\\fbox")
-
-
-# --------------------------------------------------------------------------------------------------
-# Gold-answer helpers (also used by tandem_grpo.rewards)
-# --------------------------------------------------------------------------------------------------
-
-
-def _matching_brace(text: str, open_index: int) -> int | None:
-    """Index of the ``}`` closing the ``{`` at ``open_index`` (escaped ``\\{``/``\\}`` ignored), or None."""
-    depth = 0
-    i = open_index
-    while i < len(text):
-        char = text[i]
-        if char == "\\":
-            i += 2  # skip escaped characters such as \{ and \}
-            continue
-        if char == "{":
-            depth += 1
-        elif char == "}":
-            depth -= 1
-            if depth == 0:
-                return i
-        i += 1
-    return None
-
-
-def _boxed_candidates(text: str) -> list[tuple[int, str]]:
-    """All complete ``\\boxed``/``\\fbox`` contents as ``(start, content)``, in order of appearance."""
-    found = []
-    for command in _BOX_COMMANDS:
-        for match in re.finditer(re.escape(command) + r"(?![A-Za-z])", text):
-            i = match.end()
-            while i < len(text) and text[i] in " \t":
-                i += 1
-            if i < len(text) and text[i] == "{":
-                close = _matching_brace(text, i)
-                if close is not None:
-                    found.append((match.start(), text[i + 1 : close]))
-            elif i > match.end():
-                # The brace-less form "\boxed 5": a single token.
-                token = re.match(r"[^\s$]+", text[i:])
-                if token:
-                    found.append((match.start(), token.group(0)))
-    return sorted(found)
-
-
-def last_boxed(text: str) -> str | None:
-    """Content of the last complete ``\\boxed{...}`` or ``\\fbox{...}`` in ``text``, stripped.
-
-    Nested braces are handled (``\\boxed{\\frac{1}{2}}`` gives ``\\frac{1}{2}``), as is the brace-less
-    ``\\boxed 5``. A box whose closing brace is missing (a truncated generation) is ignored.
-
-    Returns:
-        The content (possibly ``""`` for an empty ``\\boxed{}``), or None when there is no complete box.
-    """
-    if not isinstance(text, str):
-        return None
-    candidates = _boxed_candidates(text)
-    if not candidates:
-        return None
-    return candidates[-1][1].strip()
-
-
-def gsm8k_gold(answer_text: str) -> str:
-    """The gold answer of a GSM8K ``answer`` field: the text after the last ``#### ``, commas removed.
-
-    Example: ``"... so she has 1,080 cents.\\n#### 1,080"`` gives ``"1080"``.
-
-    Raises:
-        ValueError: when there is no ``####`` marker or nothing after it.
-    """
-    if not isinstance(answer_text, str) or "####" not in answer_text:
-        raise ValueError(
-            "GSM8K answer has no '#### <answer>' line at the end; got "
-            f"{str(answer_text)[-80:]!r}. GSM8K-style rows end their 'answer' field with '#### <number>'."
-        )
-    gold = answer_text.rsplit("####", 1)[1].strip()
-    gold = gold.replace(",", "").strip()
-    if gold.startswith("$"):
-        gold = gold[1:].strip()
-    gold = gold.rstrip(".").strip()
-    if not gold:
-        raise ValueError("GSM8K answer has nothing after its '####' marker.")
-    return gold
-
-
-def _format_number(value: int | float) -> str:
-    """``27.0`` -> ``"27"``, ``2.5`` -> ``"2.5"``, ``7`` -> ``"7"``."""
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise ValueError(f"not a finite number: {value!r}")
-        if value.is_integer():
-            return str(int(value))
-        return repr(value)
-    return str(value)
-
-
-def _normalize_gold_string(text: str) -> str:
-    """Strip whitespace; write integral numbers without leading zeros or ``.0`` (``"025"`` -> ``"25"``)."""
-    text = text.strip()
-    if re.fullmatch(r"-?\d+", text):
-        return str(int(text))
-    if re.fullmatch(r"-?\d+\.0+", text):
-        return str(int(float(text)))
-    return text
 
 
 # --------------------------------------------------------------------------------------------------
@@ -553,113 +428,3 @@ def load_math_dataset(
         raise ValueError(f"limit must be a positive integer or None, got {limit!r}.")
     label, rows = _resolve(source, split, data_dir)
     return _convert(rows, label, limit, instruction)
-
-
-# --------------------------------------------------------------------------------------------------
-# Built-in arithmetic word problems
-# --------------------------------------------------------------------------------------------------
-
-_NAMES: tuple[tuple[str, str], ...] = (
-    ("Mia", "she"),
-    ("Liam", "he"),
-    ("Emma", "she"),
-    ("Noah", "he"),
-    ("Olivia", "she"),
-    ("Lucas", "he"),
-    ("Ava", "she"),
-    ("Ethan", "he"),
-    ("Sofia", "she"),
-    ("Leo", "he"),
-    ("Zoe", "she"),
-    ("Omar", "he"),
-)
-_OBJECTS: tuple[str, ...] = (
-    "apples",
-    "marbles",
-    "stickers",
-    "pencils",
-    "cookies",
-    "books",
-    "balloons",
-    "shells",
-    "stamps",
-    "oranges",
-    "toy cars",
-    "crayons",
-)
-
-# Each template uses {a} and {b} once each (the two operands, in that order) and may use {name},
-# {friend}, {pron} (she/he), {Pron} (She/He) and {objs} (a plural noun).
-_ARITHMETIC_TEMPLATES: dict[str, tuple[str, ...]] = {
-    "+": (
-        "{name} has {a} {objs} and buys {b} more. How many {objs} does {pron} have now?",
-        "{name} picked {a} {objs} in the morning and {b} {objs} in the afternoon. "
-        "How many {objs} did {pron} pick in total?",
-        "There are {a} {objs} in a basket. {name} puts {b} more {objs} in the basket. "
-        "How many {objs} are in the basket now?",
-        "{name} has {a} {objs}. {friend} gives {name} {b} more {objs}. How many {objs} does {name} have now?",
-    ),
-    "-": (
-        "{name} has {a} {objs} and gives {b} of them to {friend}. How many {objs} does {name} have left?",
-        "{name} had {a} {objs}. {Pron} lost {b} of them. How many {objs} does {pron} have now?",
-        "There were {a} {objs} on the table. {name} took {b} of them away. How many {objs} are left on the table?",
-        "{name} wants to collect {a} {objs}. {Pron} already has {b}. How many more {objs} does {pron} need?",
-    ),
-    "*": (
-        "{name} has {a} boxes. Each box holds {b} {objs}. How many {objs} does {name} have in total?",
-        "{name} buys {a} packs of {objs}. Each pack has {b} {objs}. How many {objs} did {pron} buy?",
-        "There are {a} bags with {b} {objs} in each bag. How many {objs} are there in all?",
-        "{name} gives {a} friends {b} {objs} each. How many {objs} does {pron} give away?",
-    ),
-}
-
-
-def _operands(rng: random.Random, op: str) -> tuple[int, int]:
-    if op == "+":
-        return rng.randint(2, 20), rng.randint(2, 20)
-    if op == "-":
-        a = rng.randint(5, 30)
-        return a, rng.randint(1, a - 1)
-    return rng.randint(2, 9), rng.randint(2, 9)
-
-
-def arithmetic_word_problems(
-    num_problems: int = 1000, seed: int = 0, instruction: str = INSTRUCTION
-) -> datasets.Dataset:
-    """A built-in set of easy two-operand arithmetic word problems (no download).
-
-    Each problem applies one of ``+``, ``-``, ``*`` to two small whole numbers (sums of 2..20 and 2..20,
-    differences from 5..30 with a positive result, products of 2..9 and 2..9) in a varied template with
-    names and objects, e.g. "Mia has 12 apples and buys 7 more. How many apples does she have now?".
-    Easy enough for a ~135M-parameter instruct model to solve some of the time.
-
-    Args:
-        num_problems: number of problems (>= 1, default 1000).
-        seed: random seed; the same seed always gives the same problems, in the same order.
-        instruction: appended to each question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]; the main
-            job uses [`ONE_LINE_INSTRUCTION`][tandem_grpo.data.ONE_LINE_INSTRUCTION]).
-
-    Returns:
-        A ``datasets.Dataset`` with columns ``prompt`` and ``answer`` (as
-        [`load_math_dataset`][tandem_grpo.data.load_math_dataset]).
-
-    Raises:
-        ValueError: if ``num_problems`` < 1.
-    """
-    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 1:
-        raise ValueError(f"num_problems must be a positive integer, got {num_problems!r}.")
-    rng = random.Random(seed)
-    ops = tuple(_ARITHMETIC_TEMPLATES)
-    prompts, answers = [], []
-    for _ in range(num_problems):
-        op = rng.choice(ops)
-        template = rng.choice(_ARITHMETIC_TEMPLATES[op])
-        a, b = _operands(rng, op)
-        (name, pron), (friend, _) = rng.sample(_NAMES, 2)
-        question = template.format(
-            a=a, b=b, name=name, friend=friend, pron=pron, Pron=pron.capitalize(), objs=rng.choice(_OBJECTS)
-        )
-        result = a + b if op == "+" else a - b if op == "-" else a * b
-        prompts.append([{"role": "user", "content": question + instruction}])
-        answers.append(str(result))
-    return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})

@@ -1,0 +1,116 @@
+"""A built-in set of easy two-operand arithmetic word problems: no download, the same problems for the same seed."""
+
+from __future__ import annotations
+
+import random
+
+import datasets
+
+from .instructions import INSTRUCTION
+
+__all__ = ["arithmetic_word_problems"]
+
+_NAMES: tuple[tuple[str, str], ...] = (
+    ("Mia", "she"),
+    ("Liam", "he"),
+    ("Emma", "she"),
+    ("Noah", "he"),
+    ("Olivia", "she"),
+    ("Lucas", "he"),
+    ("Ava", "she"),
+    ("Ethan", "he"),
+    ("Sofia", "she"),
+    ("Leo", "he"),
+    ("Zoe", "she"),
+    ("Omar", "he"),
+)
+_OBJECTS: tuple[str, ...] = (
+    "apples",
+    "marbles",
+    "stickers",
+    "pencils",
+    "cookies",
+    "books",
+    "balloons",
+    "shells",
+    "stamps",
+    "oranges",
+    "toy cars",
+    "crayons",
+)
+
+# Each template uses {a} and {b} once each (the two operands, in that order) and may use {name},
+# {friend}, {pron} (she/he), {Pron} (She/He) and {objs} (a plural noun).
+_ARITHMETIC_TEMPLATES: dict[str, tuple[str, ...]] = {
+    "+": (
+        "{name} has {a} {objs} and buys {b} more. How many {objs} does {pron} have now?",
+        "{name} picked {a} {objs} in the morning and {b} {objs} in the afternoon. "
+        "How many {objs} did {pron} pick in total?",
+        "There are {a} {objs} in a basket. {name} puts {b} more {objs} in the basket. "
+        "How many {objs} are in the basket now?",
+        "{name} has {a} {objs}. {friend} gives {name} {b} more {objs}. How many {objs} does {name} have now?",
+    ),
+    "-": (
+        "{name} has {a} {objs} and gives {b} of them to {friend}. How many {objs} does {name} have left?",
+        "{name} had {a} {objs}. {Pron} lost {b} of them. How many {objs} does {pron} have now?",
+        "There were {a} {objs} on the table. {name} took {b} of them away. How many {objs} are left on the table?",
+        "{name} wants to collect {a} {objs}. {Pron} already has {b}. How many more {objs} does {pron} need?",
+    ),
+    "*": (
+        "{name} has {a} boxes. Each box holds {b} {objs}. How many {objs} does {name} have in total?",
+        "{name} buys {a} packs of {objs}. Each pack has {b} {objs}. How many {objs} did {pron} buy?",
+        "There are {a} bags with {b} {objs} in each bag. How many {objs} are there in all?",
+        "{name} gives {a} friends {b} {objs} each. How many {objs} does {pron} give away?",
+    ),
+}
+
+
+def _operands(rng: random.Random, op: str) -> tuple[int, int]:
+    if op == "+":
+        return rng.randint(2, 20), rng.randint(2, 20)
+    if op == "-":
+        a = rng.randint(5, 30)
+        return a, rng.randint(1, a - 1)
+    return rng.randint(2, 9), rng.randint(2, 9)
+
+
+def arithmetic_word_problems(
+    num_problems: int = 1000, seed: int = 0, instruction: str = INSTRUCTION
+) -> datasets.Dataset:
+    """A built-in set of easy two-operand arithmetic word problems (no download).
+
+    Each problem applies one of ``+``, ``-``, ``*`` to two small whole numbers (sums of 2..20 and 2..20,
+    differences from 5..30 with a positive result, products of 2..9 and 2..9) in a varied template with
+    names and objects, e.g. "Mia has 12 apples and buys 7 more. How many apples does she have now?".
+    Easy enough for a ~135M-parameter instruct model to solve some of the time.
+
+    Args:
+        num_problems: number of problems (>= 1, default 1000).
+        seed: random seed; the same seed always gives the same problems, in the same order.
+        instruction: appended to each question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]; the main
+            job uses [`ONE_LINE_INSTRUCTION`][tandem_grpo.data.ONE_LINE_INSTRUCTION]).
+
+    Returns:
+        A ``datasets.Dataset`` with columns ``prompt`` and ``answer`` (as
+        [`load_math_dataset`][tandem_grpo.data.load_math_dataset]).
+
+    Raises:
+        ValueError: if ``num_problems`` < 1.
+    """
+    if isinstance(num_problems, bool) or not isinstance(num_problems, int) or num_problems < 1:
+        raise ValueError(f"num_problems must be a positive integer, got {num_problems!r}.")
+    rng = random.Random(seed)
+    ops = tuple(_ARITHMETIC_TEMPLATES)
+    prompts, answers = [], []
+    for _ in range(num_problems):
+        op = rng.choice(ops)
+        template = rng.choice(_ARITHMETIC_TEMPLATES[op])
+        a, b = _operands(rng, op)
+        (name, pron), (friend, _) = rng.sample(_NAMES, 2)
+        question = template.format(
+            a=a, b=b, name=name, friend=friend, pron=pron, Pron=pron.capitalize(), objs=rng.choice(_OBJECTS)
+        )
+        result = a + b if op == "+" else a - b if op == "-" else a * b
+        prompts.append([{"role": "user", "content": question + instruction}])
+        answers.append(str(result))
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})

@@ -1,0 +1,19 @@
+"""The instructions appended to every question: step-by-step reasoning (the default) or a one-line answer."""
+
+from __future__ import annotations
+
+__all__ = ["INSTRUCTION", "INSTRUCTIONS", "ONE_LINE_INSTRUCTION"]
+
+INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
+"""Appended to every question by default: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
+
+ONE_LINE_INSTRUCTION = (
+    "\n\nCompute it in one line, then give the answer as \\boxed{}. Example: 3 + 4 = 7, so \\boxed{7}."
+)
+"""A short-answer instruction for small models and short completions. Measured on SmolLM2-135M-Instruct with
+``python bench/probe_instructions.py`` (8 built-in problems x 4 samples, temperature 1, 64 new tokens): 25% of
+completions give a ``\\boxed{}`` answer and 28% reach the token cap, against 3% and 91% with
+[`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO almost no reward to learn from at that length."""
+
+INSTRUCTIONS: dict[str, str] = {"step_by_step": INSTRUCTION, "one_line": ONE_LINE_INSTRUCTION}
+"""The instructions by the names the command lines take (``--instruction step_by_step|one_line``)."""
