@@ -20,6 +20,7 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
 )
 
+from ._compat import cache_kwarg
 from .handoff import BoundaryTables, HandoffRule, HandoffState, advance, boundary_mask, init_state, mixture_logprobs
 from .sampling import SamplingSettings
 
@@ -110,17 +111,23 @@ def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
     return all_done
 
 
-def _step(model: PreTrainedModel, cache: DynamicCache, ids, attention_mask, position_ids, **kwargs) -> torch.Tensor:
-    out = model(
-        input_ids=ids,
-        attention_mask=attention_mask,
-        position_ids=position_ids,
-        past_key_values=cache,
-        use_cache=True,
-        logits_to_keep=1,
-        **kwargs,
-    )
-    return out.logits[:, -1, :].float()
+def _stepper(model: PreTrainedModel, cache: DynamicCache) -> Callable[..., torch.Tensor]:
+    """``(ids, attention_mask, position_ids) -> float [B, V]`` last-position logits, reading and extending ``cache``
+    (passed under the keyword the model's forward declares: ``cache`` from transformers 5.24 on)."""
+    cache_arg = {cache_kwarg(model): cache}
+
+    def step(ids, attention_mask, position_ids) -> torch.Tensor:
+        out = model(
+            input_ids=ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            use_cache=True,
+            logits_to_keep=1,
+            **cache_arg,
+        )
+        return out.logits[:, -1, :].float()
+
+    return step
 
 
 Forward = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -130,12 +137,12 @@ at the last position, each model reading and extending its own KV cache."""
 
 def _two_models(senior, junior, junior_context: Callable[[], contextlib.AbstractContextManager]) -> Forward:
     """Two forward passes per step, one KV cache per model."""
-    senior_cache, junior_cache = DynamicCache(), DynamicCache()
+    senior_step, junior_step = _stepper(senior, DynamicCache()), _stepper(junior, DynamicCache())
 
     def forward(ids, attention_mask, position_ids):
-        senior_logits = _step(senior, senior_cache, ids, attention_mask, position_ids)
+        senior_logits = senior_step(ids, attention_mask, position_ids)
         with junior_context():
-            junior_logits = _step(junior, junior_cache, ids, attention_mask, position_ids)
+            junior_logits = junior_step(ids, attention_mask, position_ids)
         return senior_logits, junior_logits
 
     return forward
@@ -162,10 +169,10 @@ def _senior_and_base(senior, rows: int) -> Iterator[Forward]:
         scale = senior_rows if output.dtype == senior_rows.dtype else senior_rows.to(output.dtype)
         return output * scale.view(-1, *([1] * (output.dim() - 1)))
 
-    cache = DynamicCache()
+    step = _stepper(senior, DynamicCache())
 
     def forward(ids, attention_mask, position_ids):
-        logits = _step(senior, cache, *(torch.cat([x, x]) for x in (ids, attention_mask, position_ids)))
+        logits = step(*(torch.cat([x, x]) for x in (ids, attention_mask, position_ids)))
         return logits[:rows], logits[rows:]
 
     was_training = senior.training

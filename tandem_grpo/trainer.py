@@ -33,6 +33,7 @@ from trl.extras.profiling import profiling_context
 from trl.models import prepare_deepspeed, prepare_fsdp, unwrap_model_for_generation
 from trl.trainer.utils import add_fused_lm_head, get_config_model_id, pad
 
+from ._compat import check_trl_version, silence_trl_deprecations
 from .authorship import authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
@@ -145,6 +146,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     }
 
     def __init__(self, model, reward_funcs=None, args: TandemGRPOConfig | None = None, **kwargs):
+        check_trl_version()  # an untested TRL fails here, naming the tested range, not inside a step
+        silence_trl_deprecations()
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = TandemGRPOConfig(f"{model_name.split('/')[-1]}-TandemGRPO")
