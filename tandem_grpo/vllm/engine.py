@@ -18,7 +18,14 @@ import torch
 
 from ..handoff import BoundaryTables, HandoffRule, replay_authorship
 from ..sampling import SamplingSettings, default_eos_token_ids
-from ._compat import ARCHITECTURE, PROCESSOR_FQCN, WORKER_EXTENSION_FQCN, check_vllm, select_v1_model_runner
+from ._compat import (
+    ARCHITECTURE,
+    PROCESSOR_FQCN,
+    WORKER_EXTENSION_FQCN,
+    check_v1_runner_options,
+    check_vllm,
+    select_v1_model_runner,
+)
 from .processor import tandem_extra_args
 
 SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
@@ -441,4 +448,5 @@ def build_llm(
         kwargs["distributed_executor_backend"] = "external_launcher"
     kwargs.setdefault("logprobs_mode", "processed_logprobs")
     kwargs.update(llm_kwargs)
+    check_v1_runner_options(kwargs)
     return LLM(model=model, **kwargs)
