@@ -1,5 +1,6 @@
-"""examples/reproduce_paper.py: the dry runs of both presets (the arms' configs differ exactly where the comparison
-says), its usage errors, and one tiny end-to-end study (three arms, evaluation, report, resumed run)."""
+"""examples/reproduce_paper.py and its library, tandem_grpo.evaluation.compare: the comparison table and report from
+made-up evaluation results, the dry runs of both presets (the arms' configs differ exactly where the comparison says),
+its usage errors, and one tiny end-to-end study (three arms, evaluation, report, resumed run)."""
 
 from __future__ import annotations
 
@@ -12,6 +13,9 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA, child_env, save_tiny_llamas
+
+from tandem_grpo.evaluation import compare
+from tandem_grpo.evaluation.compare import ARMS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "reproduce_paper.py"
 # Fields that name the arm's folder or run: they differ by construction.
@@ -46,7 +50,7 @@ def _differing_fields(a, b) -> set[str]:
 
 
 def _check_arms(study, plan, seed: int) -> None:
-    grpo, tandem, kl = (plan.configs[(seed, arm)] for arm in study.ARMS)
+    grpo, tandem, kl = (plan.configs[(seed, arm)] for arm in ARMS)
     assert _differing_fields(grpo, tandem) - PER_RUN_FIELDS == {"junior_probability"}
     assert _differing_fields(grpo, kl) - PER_RUN_FIELDS == {"kl_to_junior", "beta"}
     assert (grpo.junior_probability, tandem.junior_probability, kl.junior_probability) == (0.0, 0.5, 0.0)
@@ -58,6 +62,77 @@ def _check_arms(study, plan, seed: int) -> None:
         assert (config.temperature, config.top_p, config.top_k) == (1.0, 1.0, 0)
     # One training set for every arm and seed; every seed's evaluation sees the same problems.
     assert len({c.dataset for c in plan.evaluation.values()}) == 1
+
+
+def _solo(correct: list[int], n: int = 2) -> dict:
+    return {"num_samples": n, "correct_per_problem": correct, "pass_at_k_curve": {"k": [1, n]}}
+
+
+def _evaluation(shift: int = 0) -> dict:
+    """Made-up evaluation results of three problems, k = 2: the blocks the comparison reads."""
+    arms = {}
+    for i, arm in enumerate(ARMS):
+        arms[f"ckpt/{arm}"] = {
+            "solo": _solo([min(2, i + shift), 1, 0]),
+            "handoff": {"word": _solo([1, i % 3, 2])},
+            "drift": {
+                "kl_to_base_nats": 0.1 * (i + 1),
+                "by_position": {
+                    "prefix_tokens": 8,
+                    "first": {"kl_to_base_nats": 0.2},
+                    "rest": {"kl_to_base_nats": 0.05},
+                },
+            },
+            "drift_reversal": {"fraction_moved_back": 0.5} if arm != "grpo" else None,
+            "legibility": {"junior_cross_entropy": 1.0 + i, "overlap": 0.9},
+        }
+    return {
+        "settings": {"pass_at": [1, 2]},
+        "junior": {"solo": _solo([0, 1, 2]), "legibility_self": {"junior_cross_entropy": 0.8}},
+        "checkpoints": arms,
+    }
+
+
+def test_comparison_rows_and_table_from_evaluation_results():
+    paths = {arm: f"ckpt/{arm}" for arm in ARMS}
+    rows = compare.comparison_rows(_evaluation(), paths)
+    assert [r["claim"] for r in rows] == ["solo capability"] * 3 + ["handoff robustness"] * 2 + ["drift"] * 4 + [
+        "legibility"
+    ] * 2 + ["pass@k curve"] * 2
+    accuracy = next(r for r in rows if r["metric"] == "mean accuracy")
+    assert accuracy["kind"] == "per_problem" and accuracy["arms"]["base"] == [0.0, 0.5, 1.0]
+    assert accuracy["arms"]["tandem"] == [0.5, 0.5, 0.0]
+    table = compare.comparison_table([rows], 0.95, seed=0)
+    row = next(r for r in table if r["metric"] == "mean accuracy")
+    assert row["arms"]["tandem"]["value"] == pytest.approx(1 / 3)
+    assert row["differences"]["tandem - grpo"]["paired"] is True
+    assert row["differences"]["tandem - grpo"]["value"] == pytest.approx(1 / 6)
+    drift = next(r for r in table if r["metric"] == "KL(model || base), nats")
+    assert drift["arms"]["base"] == {"value": 0.0, "ci_low": None, "ci_high": None}
+    assert drift["differences"]["kl_to_junior - grpo"]["value"] == pytest.approx(0.2)
+    moved = next(r for r in table if r["metric"].startswith("share of GRPO"))
+    assert moved["arms"]["grpo"] is None and moved["differences"]["tandem - grpo"] is None
+    # Pooled over two seeds: per-problem values averaged before the bootstrap, scalars averaged with their range.
+    pooled = compare.comparison_table([rows, compare.comparison_rows(_evaluation(shift=1), paths)], 0.95, seed=0)
+    accuracy = next(r for r in pooled if r["metric"] == "mean accuracy")
+    assert accuracy["arms"]["grpo"]["value"] == pytest.approx((0.25 + 0.5 + 0.0) / 3)
+    assert next(r for r in pooled if r["metric"] == "KL(model || base), nats")["seed_range"]["grpo"] == [0.1, 0.1]
+
+    header, cells = compare.table_rows(table)
+    assert header[2:6] == ["base", "GRPO", "tandem", "KL-to-junior"] and len(cells) == len(table)
+    markdown = compare.markdown_table(table)
+    assert markdown.count("\n") == len(table) + 1 and "KL(model \\|\\| base)" in markdown
+    assert compare.html_table(table).count("<tr>") == len(table) + 1
+
+
+def test_training_summary_splits_the_kl_term_from_the_policy_loss():
+    history = [{"loss": 1.0, "kl": 2.0, "reward": 0.5}, {"loss": 3.0, "kl": 4.0, "reward": None}, {"train_runtime": 9}]
+    summary = compare.training_summary(history, beta=0.5)
+    assert summary["logged_steps"] == 2 and summary["mean_kl_term"] == pytest.approx(1.5)
+    assert summary["mean_policy_loss"] == pytest.approx(0.5) and summary["mean_reward"] == 0.5
+    assert summary["mean_senior_token_fraction"] is None and summary["train_runtime_seconds"] == 9
+    with pytest.raises(ValueError, match="unknown arm 'ppo'"):
+        compare.arm_config(None, "ppo", 1, Path("out"), 0.04)
 
 
 def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
