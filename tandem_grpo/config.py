@@ -44,7 +44,10 @@ class TandemGRPOConfig(GRPOConfig):
             score). Evaluation never draws from the training coin stream.
 
     Raises:
-        ValueError: a field outside its range, naming the field, the value and the allowed range.
+        ValueError: a field outside its range, naming the field, the value and the allowed range; or
+            ``num_generations`` that does not divide the completions generated together (``generation_batch_size``,
+            by default ``per_device_train_batch_size`` x processes x ``gradient_accumulation_steps``), naming those
+            fields and the ``num_generations`` values that fit.
     """
 
     handoff_mode: str = field(
@@ -119,7 +122,36 @@ class TandemGRPOConfig(GRPOConfig):
             raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")
         if self.bf16 is None and not self.fp16:
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
-        super().__post_init__()
+        explicit_generation_batch = self.generation_batch_size is not None
+        try:
+            super().__post_init__()
+        except ValueError as err:
+            if "must be divisible by num_generations" not in str(err):
+                raise
+            raise ValueError(self._group_size_message(explicit_generation_batch)) from err
+
+    def _group_size_message(self, explicit_generation_batch: bool) -> str:
+        # TRL's own message names generation_batch_size, which users rarely set: it is derived from the batch flags
+        # (GRPOConfig.__post_init__ has filled it in by the time it raises), so name those and the values that work.
+        size, groups = self.generation_batch_size, self.num_generations
+        divisors = ", ".join(str(n) for n in range(2, size + 1) if size % n == 0)
+        why = "GRPO compares the completions of one prompt, num_generations of them, so a step holds whole groups"
+        if explicit_generation_batch:
+            return (
+                f"num_generations={groups} must divide generation_batch_size={size} ({why}). Set num_generations "
+                f"to one of {divisors}, or generation_batch_size to a multiple of {groups}."
+            )
+        processes = self.world_size
+        # steps_per_generation defaults to gradient_accumulation_steps: name the one the user can see.
+        same = self.steps_per_generation == self.gradient_accumulation_steps
+        steps = "gradient_accumulation_steps" if same else "steps_per_generation"
+        return (
+            f"num_generations={groups} must divide the {size} completions generated together: "
+            f"per_device_train_batch_size {self.per_device_train_batch_size} x {processes} "
+            f"process{'es' if processes > 1 else ''} x {steps} {getattr(self, steps)} ({why}). Set num_generations "
+            f"to one of {divisors}, or per_device_train_batch_size and {steps} so that their product is a multiple "
+            f"of {groups} (e.g. per_device_train_batch_size {groups})."
+        )
 
     @classmethod
     def from_grpo_config(cls, config: GRPOConfig, **tandem_fields) -> TandemGRPOConfig:

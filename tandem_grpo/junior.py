@@ -40,8 +40,9 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
         junior_width: the junior's logits width (config ``vocab_size``).
 
     Raises:
-        ValueError: the tokenizers map ids to different tokens (naming how many, the first five ids with both
-            token strings, and the fix), or a width is smaller than the tokenizer's length.
+        ValueError: the tokenizers map ids to different tokens (naming both tokenizers' sizes when they differ, how
+            many ids differ, the first five with both token strings, and the fix), or a width is smaller than the
+            tokenizer's length.
     """
     fix = "Pick a junior trained with the senior's tokenizer (e.g. a smaller model of the same family)."
     senior_by_id = {i: t for t, i in senior_tokenizer.get_vocab().items()}
@@ -50,10 +51,15 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
         i for i in sorted(set(senior_by_id) | set(junior_by_id)) if senior_by_id.get(i) != junior_by_id.get(i)
     ]
     if differing:
-        examples = ", ".join(f"id {i}: {senior_by_id.get(i)!r} vs {junior_by_id.get(i)!r}" for i in differing[:5])
+        examples = ", ".join(f"id {i}: {_token(senior_by_id, i)} vs {_token(junior_by_id, i)}" for i in differing[:5])
+        # A size mismatch is the usual cause (another model family) and the clearest thing to report first.
+        sizes = len(senior_by_id), len(junior_by_id)
+        mismatch = (
+            f"have different sizes (senior {sizes[0]} tokens, junior {sizes[1]}) and " if sizes[0] != sizes[1] else ""
+        )
         raise ValueError(
-            f"Senior and junior tokenizers map {len(differing)} ids to different tokens ({examples}; senior first). "
-            f"Tandem generation mixes the two distributions token by token. {fix}"
+            f"Senior and junior tokenizers {mismatch}map {len(differing)} ids to different tokens ({examples}; "
+            f"senior first). Tandem generation mixes the two distributions token by token. {fix}"
         )
     size = len(senior_tokenizer)
     for name, width in (("senior", senior_width), ("junior", junior_width)):
@@ -63,6 +69,10 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
                 f"{width}..{size - 1} could not be scored by the {name}. Check that its config's vocab_size belongs "
                 "to this tokenizer."
             )
+
+
+def _token(by_id: dict[int, str], i: int) -> str:
+    return repr(by_id[i]) if i in by_id else "none"
 
 
 def check_junior_vocabulary(

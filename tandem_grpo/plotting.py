@@ -15,9 +15,14 @@ CURVES = (
 )
 
 
+COLUMNS = 3
+"""Panels per row of the grid: 3.2 x 2.8 inches each at 120 dpi, so six curves make a 1152 x 672 PNG (two rows)."""
+
+
 def plot_training_curves(log_history: list[dict], path: str | Path) -> Path | None:
     """Write one panel per logged curve of [`CURVES`][tandem_grpo.plotting.CURVES] (x axis: optimizer step) to
-    ``path``; ``None`` if empty."""
+    ``path``, as a grid of up to [`COLUMNS`][tandem_grpo.plotting.COLUMNS] panels per row; ``None`` if no curve
+    was logged."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,8 +31,13 @@ def plot_training_curves(log_history: list[dict], path: str | Path) -> Path | No
     present = [(key, title) for key, title in CURVES if any(key in h for h in log_history)]
     if not present:
         return None
-    fig, axes = plt.subplots(1, len(present), figsize=(3.2 * len(present), 2.8), squeeze=False)
-    for ax, (key, title) in zip(axes[0], present, strict=True):
+    # One long row of six or seven panels (2304 px wide) reads badly; a grid keeps each panel's aspect.
+    columns = min(COLUMNS, len(present))
+    rows = -(-len(present) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(3.2 * columns, 2.8 * rows), squeeze=False)
+    for ax in axes.flat[len(present) :]:
+        ax.set_visible(False)  # the empty cells of the last row
+    for ax, (key, title) in zip(axes.flat, present, strict=False):
         points = [(h["step"], h[key]) for h in log_history if h.get(key) is not None and "step" in h]
         ax.plot([s for s, _ in points], [v for _, v in points], marker="o", markersize=3)
         ax.set_title(title, fontsize=9)

@@ -160,12 +160,18 @@ CATALOGUE: list[Entry] = [
           ValueError, r"max_completion_length=0 must be >= 1", _config(max_completion_length=0)),
     Entry("TandemGRPOConfig", "`kl_to_junior=True` with `beta=0`", "`ValueError`: the ablation needs `beta > 0`",
           ValueError, r"kl_to_junior.*beta", _config(kl_to_junior=True, beta=0.0)),
+    Entry("TandemGRPOConfig", "`num_generations=3` with the default batch (8 completions per step)",
+          "`ValueError` naming `per_device_train_batch_size`, `gradient_accumulation_steps` and the `num_generations` "
+          "that fit",
+          ValueError, r"num_generations=3 must divide the 8 completions.*per_device_train_batch_size 8 .*"
+          r"gradient_accumulation_steps 1.*one of 2, 4, 8", _config(num_generations=3)),
     Entry("TandemGRPOTrainer", "a plain `GRPOConfig` as `args`",
           "`TypeError` pointing to `TandemGRPOConfig.from_grpo_config(cfg, ...)`",
           TypeError, r"from_grpo_config", _plain_grpo_config),
     Entry("TandemGRPOTrainer", "a junior whose tokenizer differs from the senior's",
-          "`ValueError` before any weights load, naming the differing ids",
-          ValueError, r"tokenizers map 1 ids to different tokens \(id 25", _junior_with_other_vocabulary),
+          "`ValueError` before any weights load, naming both tokenizers' sizes when they differ and the differing ids",
+          ValueError, r"tokenizers have different sizes \(senior 25 tokens, junior 26\) and map 1 ids to different "
+          r"tokens \(id 25", _junior_with_other_vocabulary),
     Entry("TandemGRPOTrainer", "a junior larger than the device's free memory",
           "`ValueError` before its weights load, naming the junior, its size and the free memory in GiB, and the "
           "fixes: a smaller junior, self-pairing, vLLM server mode",
@@ -214,6 +220,15 @@ CATALOGUE: list[Entry] = [
     Entry("examples/train_math.py", "`--dataset_name missing.jsonl`", "one `error:` line, exit status 2",
           2, r"^train_math\.py: error: missing\.jsonl: no such file", _command(TRAIN, "--dataset_name",
                                                                               "missing.jsonl")),
+    Entry("examples/train_math.py", "`--num_generations 3` (16 completions per step)",
+          "one `error:` line naming the flags to change and the values that fit, exit 2",
+          2, r"^train_math\.py: error: num_generations=3 must divide the 16 completions.*per_device_train_batch_size.*"
+          r"gradient_accumulation_steps 2.*one of 2, 4, 8, 16", _command(TRAIN, "--num_generations", "3")),
+    Entry("examples/train_math.py", "`--resume_from_checkpoint true` with an `--output_dir` holding no checkpoint",
+          "one `error:` line before the model loads, naming the folder and how checkpoints are written, exit 2",
+          2, r"^train_math\.py: error: --resume_from_checkpoint true: --output_dir fresh holds no complete "
+          r"checkpoint-N.*--save_strategy steps",
+          _command(TRAIN, "--resume_from_checkpoint", "true", "--output_dir", "fresh")),
     Entry("tandem-grpo evaluate", "`--k 0`", "one `error:` line, exit status 2",
           2, r"^tandem-grpo evaluate: error: --k 0", _command(*EVALUATE, "--k", "0")),
     Entry("tandem-grpo evaluate", "`--dataset missing.jsonl`", "one `error:` line, exit status 2",

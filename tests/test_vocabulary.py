@@ -40,6 +40,19 @@ def test_other_token_strings_are_refused_naming_the_ids(tiny_tokenizer):
         check_same_vocabulary(tiny_tokenizer, _swapped_tokenizer(), SIZE, SIZE + 3)
 
 
+def test_a_junior_tokenizer_of_another_size_is_refused_naming_both_sizes(tiny_tokenizer):
+    # Another model family: a smaller tokenizer whose first ids hold other tokens, so every id differs.
+    small = {f"t{i}": i for i in range(10)}
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(small, unk_token="t0")))
+    with pytest.raises(ValueError, match=rf"have different sizes \(senior {SIZE} tokens, junior 10\) and map {SIZE} "
+                       rf"ids to different tokens \(id 0: '<pad>' vs 't0', .* id 4: 'c' vs 't4'; "):  # fmt: skip
+        check_same_vocabulary(tiny_tokenizer, other, SIZE, SIZE)
+    # The same size: no size to report, only the ids.
+    with pytest.raises(ValueError) as same_size:
+        check_same_vocabulary(tiny_tokenizer, _swapped_tokenizer(), SIZE, SIZE)
+    assert "different sizes" not in str(same_size.value)
+
+
 def test_junior_checkpoint_with_padded_embeddings_is_accepted(tmp_path, tiny_tokenizer):
     wide = tmp_path / "wide"
     pad_vocabulary(build_tiny_model(1), 3).save_pretrained(wide)
