@@ -1,0 +1,372 @@
+"""Marginal-token drift from the base and the tokens GRPO shifts that a tandem checkpoint moves back (paper section
+5.3), each with a bootstrap interval over problems and a null beside it.
+
+Why not the plain smoothed KL over the whole vocabulary: at a few thousand completion tokens most of a ~49k-entry
+vocabulary is unseen, so a per-entry pseudo-count carries half of each smoothed distribution and the value follows
+the pseudo-count more than the models; and ranking tokens by their smoothed log-shift picks rare tokens whose
+"shift" is a token-count artefact. Here:
+
+- **Drift** is the KL divergence of the marginal token distributions coarsened to the ``bins`` most frequent
+  tokens of the two sets compared plus one bucket for every other token, with a Jeffreys pseudo-count of 0.5 per
+  bin. With 100 bins and thousands of tokens the pseudo-count is under a few percent of the mass, so the value does
+  not hinge on it, and the coarsened distribution is a fixed quantity that more samples estimate better (the
+  test suite checks both). It is measured between disjoint halves of the samples (even and odd sample index of
+  every problem): ``drift = (KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``, and its **null** is
+  the same statistic between the base's own halves, ``(KL(base_even || base_odd) + KL(base_odd || base_even)) / 2``,
+  so both compare equal amounts of text; ``excess = drift - null`` is what the model adds over sampling noise.
+- **Moved back** selects GRPO's most-shifted tokens on one part of the samples and measures them on another:
+  selection on the even samples (tokens seen at least ``min_count`` times in GRPO's and the base's even samples,
+  ranked by ``|log p_grpo - log p_base|``), measurement on the odd ones, where a token is moved back when the
+  checkpoint's frequency is closer in log space to the base's (odd samples) than GRPO's is (ties count one half).
+  The checkpoint's samples with index ``1 mod 4`` are compared with GRPO's ``3 mod 4``, thinned to equal token
+  counts; the **null** compares GRPO's own ``1 mod 4`` samples with the same ``3 mod 4``, so it is 0.5 in
+  expectation, and ``excess = fraction - null``.
+
+Intervals are normal intervals whose standard error comes from a bootstrap over problems (every statistic,
+selection included, recomputed on each resample; the arm and its null share resamples, so the excess's interval is
+paired); see ``_estimate`` for why not percentiles.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+DEFAULT_DRIFT_BINS = 100
+"""Most frequent tokens kept as their own bins by [`drift`][tandem_grpo.evaluation.drift.drift] (the rest share one
+bin)."""
+
+DEFAULT_MIN_COUNT = 10
+"""Fewest occurrences (GRPO's and the base's selection samples together) for a token to be selected by
+[`moved_back`][tandem_grpo.evaluation.drift.moved_back]."""
+
+DEFAULT_NUM_RESAMPLES = 1000
+"""Bootstrap resamples of the drift statistics."""
+
+PSEUDO_COUNT = 0.5
+"""Jeffreys pseudo-count per bin (drift) or per token (moved-back measurement)."""
+
+Completions = Sequence[Sequence[Sequence[int]]]
+"""``[num_problems][num_samples]`` completion token ids (each cut at its end)."""
+
+
+def _check_grouped(name: str, groups: Completions, min_samples: int) -> None:
+    if len(groups) == 0:
+        raise ValueError(f"{name}: no problems.")
+    short = [i for i, g in enumerate(groups) if len(g) < min_samples]
+    if short:
+        raise ValueError(
+            f"{name}: problem {short[0]} has {len(groups[short[0]])} samples; this statistic splits each problem's "
+            f"samples into disjoint parts and needs at least {min_samples} per problem (raise --k)."
+        )
+
+
+def _subset(groups: Completions, keep) -> list[list[list[int]]]:
+    return [[list(c) for i, c in enumerate(g) if keep(i)] for g in groups]
+
+
+def _problem_counts(groups: Sequence[Sequence[Sequence[int]]], ids: torch.Tensor) -> torch.Tensor:
+    """float64 ``[P, len(ids)]`` token counts per problem over the compressed vocabulary ``ids`` (sorted)."""
+    out = torch.zeros(len(groups), len(ids), dtype=torch.float64)
+    for p, g in enumerate(groups):
+        flat = [t for c in g for t in c]
+        if flat:
+            col = torch.searchsorted(ids, torch.tensor(flat, dtype=torch.long))
+            out[p].index_add_(0, col, torch.ones(len(flat), dtype=torch.float64))
+    return out
+
+
+def _vocabulary(*sets: Completions) -> torch.Tensor:
+    """The sorted ids that occur anywhere in ``sets`` (every statistic here depends on observed tokens only)."""
+    seen = {t for groups in sets for g in groups for c in g for t in c}
+    return torch.tensor(sorted(seen) or [0], dtype=torch.long)
+
+
+def _weights(num_problems: int, num_resamples: int, seed: int) -> torch.Tensor:
+    """float64 ``[1 + R, P]``: row 0 all ones (the point estimate), then ``R`` bootstrap resamples of the problems as
+    multiplicities."""
+    generator = torch.Generator().manual_seed(seed)
+    index = torch.randint(0, num_problems, (num_resamples, num_problems), generator=generator)
+    resampled = torch.zeros(num_resamples, num_problems, dtype=torch.float64)
+    resampled.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float64))
+    return torch.cat([torch.ones(1, num_problems, dtype=torch.float64), resampled])
+
+
+def binned_kl(p_counts: torch.Tensor, q_counts: torch.Tensor, bins: int = DEFAULT_DRIFT_BINS) -> torch.Tensor:
+    """KL(p || q) in nats between two token-count vectors coarsened to ``bins`` bins plus one for the rest.
+
+    The bins are the ``bins`` ids with the largest pooled count ``p + q`` (per row); every other id goes to one
+    shared bin; each bin gets the Jeffreys pseudo-count ``0.5`` on both sides.
+
+    Args:
+        p_counts: float ``[..., V]`` counts of the first set.
+        q_counts: float ``[..., V]`` counts of the second set, same shape.
+        bins: ``K >= 1`` (default [`DEFAULT_DRIFT_BINS`][tandem_grpo.evaluation.drift.DEFAULT_DRIFT_BINS]); fewer
+            when ``V`` is smaller.
+
+    Returns:
+        float64 ``[...]``; NaN where either side has no tokens.
+
+    Raises:
+        ValueError: ``bins < 1`` or shapes that differ.
+    """
+    if bins < 1:
+        raise ValueError(f"bins={bins!r} must be >= 1.")
+    if p_counts.shape != q_counts.shape:
+        raise ValueError(f"count shapes differ: {tuple(p_counts.shape)} vs {tuple(q_counts.shape)}.")
+    p_counts, q_counts = p_counts.double(), q_counts.double()
+    k = min(bins, p_counts.shape[-1])
+    top = torch.topk(p_counts + q_counts, k, dim=-1, sorted=False).indices
+
+    def coarse(counts: torch.Tensor) -> torch.Tensor:
+        kept = counts.gather(-1, top)
+        rest = counts.sum(-1, keepdim=True) - kept.sum(-1, keepdim=True)
+        return torch.cat([kept, rest.clamp(min=0)], dim=-1) + PSEUDO_COUNT
+
+    p, q = coarse(p_counts), coarse(q_counts)
+    p, q = p / p.sum(-1, keepdim=True), q / q.sum(-1, keepdim=True)
+    kl = (p * (p.log() - q.log())).sum(-1)
+    empty = (p_counts.sum(-1) == 0) | (q_counts.sum(-1) == 0)
+    return kl.masked_fill(empty, float("nan"))
+
+
+def _estimate(values: torch.Tensor, confidence: float, method: str, num_problems: int) -> dict:
+    """Row 0 of ``values`` is the point estimate, the rest its bootstrap replicates (NaN replicates dropped); the
+    interval is ``value +- z * sd(replicates)``.
+
+    Why not percentiles: these statistics depend on the effective sample size (KL's plug-in bias, the noise that
+    pulls the moved-back share towards one half), and a resample with replacement holds only about 63% distinct
+    problems, so the replicates are shifted against the point estimate; their spread still measures its noise.
+    """
+    from statistics import NormalDist
+
+    point, reps = float(values[0]), values[1:]
+    reps = reps[~torch.isnan(reps)]
+    if len(reps) > 1 and point == point:
+        half = NormalDist().inv_cdf((1.0 + confidence) / 2.0) * float(reps.std())
+        low, high = point - half, point + half
+    else:
+        low = high = float("nan")
+    return {
+        "value": point,
+        "ci_low": low,
+        "ci_high": high,
+        "confidence": confidence,
+        "ci_method": method,
+        "num_problems": num_problems,
+    }
+
+
+def _method(num_resamples: int, seed: int) -> str:
+    return (
+        f"normal interval, standard error from a bootstrap over problems ({num_resamples} resamples, seed {seed}), "
+        "paired with the null"
+    )
+
+
+def drift(
+    model: Completions,
+    base: Completions,
+    *,
+    bins: int = DEFAULT_DRIFT_BINS,
+    prefix_tokens: int | None = None,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """A checkpoint's marginal-token drift from the base, its null and the excess, with paired intervals.
+
+    See the module docstring for the estimator. ``prefix_tokens`` adds ``"first"`` (each completion's first ``N``
+    tokens) and ``"rest"`` blocks of the same statistics (a change confined to how responses begin shows in
+    ``"first"`` only; Su et al., arXiv 2608.00220).
+
+    Args:
+        model: ``[P][k]`` the checkpoint's solo completions (token ids, EOS included), ``k >= 2``.
+        base: ``[P][k]`` the base's solo completions of the same problems.
+        bins: most frequent tokens kept as bins (default 100).
+        prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` (default) for none.
+        confidence: interval level (default 0.95).
+        num_resamples: bootstrap resamples (default 1000).
+        seed: resampling seed (default 0).
+
+    Returns:
+        ``{"kl_nats", "null_kl_nats", "excess_nats"}`` (each an interval dict: ``value``, ``ci_low``,
+        ``ci_high``, ...), ``"num_tokens"``, ``"base_num_tokens"``, ``"bins"``, ``"estimator"``, and with
+        ``prefix_tokens`` ``"by_position": {"prefix_tokens", "first": {...}, "rest": {...}}``.
+
+    Raises:
+        ValueError: different problem counts, a problem with fewer than 2 samples, ``bins < 1``,
+            ``prefix_tokens < 1``.
+    """
+    if len(model) != len(base):
+        raise ValueError(f"{len(model)} problems for the model but {len(base)} for the base.")
+    _check_grouped("drift (model)", model, 2)
+    _check_grouped("drift (base)", base, 2)
+    if prefix_tokens is not None and prefix_tokens < 1:
+        raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
+    weights = _weights(len(model), num_resamples, seed)
+    out = _drift_block(model, base, bins, weights, confidence, _method(num_resamples, seed))
+    out["estimator"] = (
+        f"KL of marginal token distributions coarsened to the {bins} most frequent tokens + 1 bin, pseudo-count "
+        f"{PSEUDO_COUNT}, between even and odd samples (model vs base, averaged both ways); null: the base's own "
+        "even vs odd samples"
+    )
+    if prefix_tokens is not None:
+        out["by_position"] = {"prefix_tokens": prefix_tokens}
+        for part, cut in (("first", slice(None, prefix_tokens)), ("rest", slice(prefix_tokens, None))):
+            sliced_m = [[list(c)[cut] for c in g] for g in model]
+            sliced_b = [[list(c)[cut] for c in g] for g in base]
+            out["by_position"][part] = _drift_block(
+                sliced_m, sliced_b, bins, weights, confidence, _method(num_resamples, seed)
+            )
+    return out
+
+
+def _drift_block(model, base, bins, weights, confidence, method) -> dict:
+    even, odd = (lambda i: i % 2 == 0), (lambda i: i % 2 == 1)
+    ids = _vocabulary(model, base)
+    m_even, m_odd = _problem_counts(_subset(model, even), ids), _problem_counts(_subset(model, odd), ids)
+    b_even, b_odd = _problem_counts(_subset(base, even), ids), _problem_counts(_subset(base, odd), ids)
+    me, mo, be, bo = (weights @ c for c in (m_even, m_odd, b_even, b_odd))
+    arm = (binned_kl(me, bo, bins) + binned_kl(mo, be, bins)) / 2
+    null = (binned_kl(be, bo, bins) + binned_kl(bo, be, bins)) / 2
+    problems = weights.shape[1]
+    return {
+        "kl_nats": _estimate(arm, confidence, method, problems),
+        "null_kl_nats": _estimate(null, confidence, method, problems),
+        "excess_nats": _estimate(arm - null, confidence, method, problems),
+        "num_tokens": int(m_even.sum() + m_odd.sum()),
+        "base_num_tokens": int(b_even.sum() + b_odd.sum()),
+        "bins": bins,
+    }
+
+
+def _thin(a: torch.Tensor, b: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """Binomially thin whichever of two ``[V]`` count vectors has more tokens to the other's total (in
+    expectation), so both are compared at equal token counts."""
+    na, nb = float(a.sum()), float(b.sum())
+    if na == nb or min(na, nb) == 0:
+        return a, b
+    if na > nb:
+        return _binomial(a, nb / na, generator), b
+    return a, _binomial(b, na / nb, generator)
+
+
+def _binomial(counts: torch.Tensor, keep: float, generator: torch.Generator) -> torch.Tensor:
+    # torch.binomial takes no generator: draw uniforms per token occurrence instead (counts are small integers).
+    n = counts.round().long()
+    total = int(n.sum())
+    owner = torch.repeat_interleave(torch.arange(len(n)), n)
+    kept = torch.rand(total, generator=generator, dtype=torch.float64) < keep
+    return torch.zeros_like(counts).index_add_(0, owner[kept], torch.ones(int(kept.sum()), dtype=counts.dtype))
+
+
+def _log_rate(counts: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    return (counts + PSEUDO_COUNT).log() - torch.log(counts.sum() + PSEUDO_COUNT * vocab_size)
+
+
+def _closer(candidate: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """1 where ``|candidate| < |reference|``, 0.5 on ties, 0 otherwise (mean over the selected tokens)."""
+    c, r = candidate.abs(), reference.abs()
+    return ((c < r).double() + 0.5 * (c == r).double()).mean()
+
+
+def moved_back(
+    base: Completions,
+    grpo: Completions,
+    checkpoint: Completions,
+    vocab_size: int,
+    *,
+    top_n: int = 500,
+    min_count: int = DEFAULT_MIN_COUNT,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The share of GRPO's most-shifted tokens that ``checkpoint`` moves back towards the base, with its null.
+
+    Paper (section 5.3): 87% of GRPO's 500 most-shifted tokens move back under tandem training. Here selection and
+    measurement use disjoint samples, counts are compared at equal token totals, and the null is GRPO against its
+    own samples (module docstring). Sample parts by index within each problem: selection ``0 mod 2`` (GRPO and
+    base), base reference ``1 mod 2``, checkpoint ``1 mod 4``, GRPO ``3 mod 4``, null GRPO ``1 mod 4``.
+
+    Args:
+        base: ``[P][k]`` the base's solo completions, ``k >= 4``.
+        grpo: ``[P][k]`` the GRPO checkpoint's.
+        checkpoint: ``[P][k]`` the checkpoint compared with GRPO.
+        vocab_size: ``V``, the normalizer of the per-token pseudo-count.
+        top_n: tokens selected at most (default 500, the paper's); fewer when fewer pass ``min_count``.
+        min_count: fewest selection-sample occurrences of a candidate (default 10).
+        confidence: interval level (default 0.95).
+        num_resamples: bootstrap resamples (default 1000).
+        seed: seed of the resampling and of the thinning (default 0).
+
+    Returns:
+        ``{"fraction_moved_back", "null_fraction", "excess"}`` (interval dicts), ``"num_selected"``,
+        ``"token_ids"`` (the point estimate's selection, largest GRPO shift first), ``"top_n"``, ``"min_count"``,
+        ``"definition"``.
+
+    Raises:
+        ValueError: different problem counts, fewer than 4 samples in a problem, ``top_n`` or ``min_count < 1``.
+    """
+    if not len(base) == len(grpo) == len(checkpoint):
+        raise ValueError(f"problem counts differ: base {len(base)}, grpo {len(grpo)}, checkpoint {len(checkpoint)}.")
+    for name, groups in (("base", base), ("grpo", grpo), ("checkpoint", checkpoint)):
+        _check_grouped(f"moved_back ({name})", groups, 4)
+    if top_n < 1 or min_count < 1:
+        raise ValueError(f"top_n={top_n!r} and min_count={min_count!r} must both be >= 1.")
+    ids = _vocabulary(base, grpo, checkpoint)
+    parts = {
+        "base_sel": _subset(base, lambda i: i % 2 == 0),
+        "grpo_sel": _subset(grpo, lambda i: i % 2 == 0),
+        "base_ref": _subset(base, lambda i: i % 2 == 1),
+        "grpo_ref": _subset(grpo, lambda i: i % 4 == 3),
+        "arm": _subset(checkpoint, lambda i: i % 4 == 1),
+        "null": _subset(grpo, lambda i: i % 4 == 1),
+    }
+    counts = {name: _problem_counts(groups, ids) for name, groups in parts.items()}
+    weights = _weights(len(base), num_resamples, seed)
+    generator = torch.Generator().manual_seed(seed)
+    arm_values, null_values, selected_ids, num_selected = [], [], [], 0
+    for r, w in enumerate(weights):
+        c = {name: w @ value for name, value in counts.items()}
+        candidates = (c["base_sel"] + c["grpo_sel"]) >= min_count
+        shift = (_log_rate(c["grpo_sel"], vocab_size) - _log_rate(c["base_sel"], vocab_size)).abs()
+        n = min(top_n, int(candidates.sum()))
+        if n == 0:
+            arm_values.append(float("nan"))
+            null_values.append(float("nan"))
+            continue
+        # A stable sort on -|shift| keeps ties in id order, so the selection is deterministic.
+        order = torch.sort(-shift.masked_fill(~candidates, -1.0), stable=True).indices[:n]
+        reference = _log_rate(c["base_ref"], vocab_size)[order]
+        arm, grpo_arm = _thin(c["arm"], c["grpo_ref"], generator)
+        null, grpo_null = _thin(c["null"], c["grpo_ref"], generator)
+        arm_values.append(
+            float(_closer(_log_rate(arm, vocab_size)[order] - reference,
+                          _log_rate(grpo_arm, vocab_size)[order] - reference))  # fmt: skip
+        )
+        null_values.append(
+            float(_closer(_log_rate(null, vocab_size)[order] - reference,
+                          _log_rate(grpo_null, vocab_size)[order] - reference))  # fmt: skip
+        )
+        if r == 0:
+            selected_ids, num_selected = ids[order].tolist(), n
+    arm_t = torch.tensor(arm_values, dtype=torch.float64)
+    null_t = torch.tensor(null_values, dtype=torch.float64)
+    method, problems = _method(num_resamples, seed), len(base)
+    return {
+        "fraction_moved_back": _estimate(arm_t, confidence, method, problems),
+        "null_fraction": _estimate(null_t, confidence, method, problems),
+        "excess": _estimate(arm_t - null_t, confidence, method, problems),
+        "num_selected": num_selected,
+        "token_ids": selected_ids,
+        "top_n": top_n,
+        "min_count": min_count,
+        "definition": (
+            "GRPO's most-shifted tokens selected on even samples (>= min_count occurrences), measured on odd "
+            "samples at equal token counts: checkpoint (1 mod 4) closer to the base (odd) than GRPO (3 mod 4); "
+            "null: GRPO (1 mod 4) in place of the checkpoint"
+        ),
+    }
