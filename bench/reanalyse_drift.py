@@ -26,7 +26,9 @@ from tandem_grpo.models import resolve_model_path
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("folder", help="an evaluation's output folder (holds samples.jsonl)")
-    parser.add_argument("--base", required=True, help="the base's checkpoint name in samples.jsonl (also its tokenizer)")
+    parser.add_argument(
+        "--base", required=True, help="the base's checkpoint name in samples.jsonl (also its tokenizer)"
+    )
     parser.add_argument("--grpo", required=True, help="the GRPO checkpoint's name in samples.jsonl")
     parser.add_argument("--resamples", type=int, default=1000)
     args = parser.parse_args()
@@ -41,7 +43,9 @@ def main() -> None:
             grouped[r["checkpoint"]][r["problem"]][r["sample"]] = ids
     for name in (args.base, args.grpo):
         if name not in grouped:
-            raise SystemExit(f"error: no solo samples of {name!r} in {folder / 'samples.jsonl'}; found {list(grouped)}")
+            raise SystemExit(
+                f"error: no solo samples of {name!r} in {folder / 'samples.jsonl'}; found {list(grouped)}"
+            )
 
     def as_lists(name: str) -> list[list[list[int]]]:
         by_problem = grouped[name]

@@ -88,6 +88,11 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     assert entry["drift"]["kl_to_base_nats"] > 0.0
     assert 0 < entry["drift_reversal"]["top_n"] <= 50
     assert 0.0 <= entry["drift_reversal"]["fraction_moved_back"] <= 1.0
+    # The estimator with a null (evaluation.drift); moved-back needs 4 samples per problem, this run draws 2.
+    excess = entry["drift_with_null"]["excess_nats"]
+    assert excess["ci_low"] <= excess["value"] <= excess["ci_high"] and excess["num_problems"] == 3
+    assert set(entry["drift_with_null"]["by_position"]) == {"prefix_tokens", "first", "rest"}
+    assert "moved_back" not in entry
     assert results["grpo"]["drift"]["kl_to_base_nats"] > 0.0
     leg = entry["legibility"]
     assert leg["junior_cross_entropy"] > 0.0 and 0.0 < leg["overlap"] < 1.0 and leg["num_tokens"] > 0
@@ -232,6 +237,7 @@ def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
     assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
     # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
     assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)
+    assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)
     assert entry["legibility"]["overlap"] == pytest.approx(1.0, abs=1e-4)
     # A real instruct model is far more predictable to itself than a uniform guess over 49152 tokens (10.8 nats).
     assert 0.0 < entry["legibility"]["junior_cross_entropy"] < 4.0

@@ -343,14 +343,9 @@ def moved_back(
         reference = _log_rate(c["base_ref"], vocab_size)[order]
         arm, grpo_arm = _thin(c["arm"], c["grpo_ref"], generator)
         null, grpo_null = _thin(c["null"], c["grpo_ref"], generator)
-        arm_values.append(
-            float(_closer(_log_rate(arm, vocab_size)[order] - reference,
-                          _log_rate(grpo_arm, vocab_size)[order] - reference))  # fmt: skip
-        )
-        null_values.append(
-            float(_closer(_log_rate(null, vocab_size)[order] - reference,
-                          _log_rate(grpo_null, vocab_size)[order] - reference))  # fmt: skip
-        )
+        shifts = [_log_rate(x, vocab_size)[order] - reference for x in (arm, grpo_arm, null, grpo_null)]
+        arm_values.append(float(_closer(shifts[0], shifts[1])))
+        null_values.append(float(_closer(shifts[2], shifts[3])))
         if r == 0:
             selected_ids, num_selected = ids[order].tolist(), n
     arm_t = torch.tensor(arm_values, dtype=torch.float64)

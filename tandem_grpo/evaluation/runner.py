@@ -37,6 +37,8 @@ from ..data import INSTRUCTIONS
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend, derive_seed, shared_engine
+from .drift import drift as drift_with_null
+from .drift import moved_back
 from .metrics import (
     DEFAULT_CURVE_MAX_K,
     DEFAULT_DRIFT_PREFIX_TOKENS,
@@ -684,6 +686,18 @@ def _measure_drift(run: _Run, results: dict) -> None:
             "smoothing": config.kl_smoothing,
             "definition": "KL(checkpoint || base) of smoothed marginal completion-token distributions, nats",
         }
+        # The estimators with nulls and paired intervals (evaluation.drift): drift needs 2 samples per problem,
+        # moved-back 4. The smoothed whole-vocabulary figures above stay for comparison with earlier results.
+        if config.k >= 2:
+            entry["drift_with_null"] = drift_with_null(
+                _by_problem(m.solo, config.k), _by_problem(base.solo, config.k),
+                prefix_tokens=config.drift_prefix_tokens, confidence=config.confidence, seed=config.seed,
+            )  # fmt: skip
+        if grpo and m is not grpo and config.k >= 4:
+            entry["moved_back"] = moved_back(
+                _by_problem(base.solo, config.k), _by_problem(grpo.solo, config.k), _by_problem(m.solo, config.k),
+                vocab, top_n=config.drift_top_n, confidence=config.confidence, seed=config.seed,
+            ) | {"grpo_checkpoint": config.grpo_checkpoint}  # fmt: skip
         if grpo and m is not grpo:
             entry["drift_reversal"] = drift_reversal(
                 base_counts, grpo_counts, counts, top_n=config.drift_top_n, smoothing=config.kl_smoothing
