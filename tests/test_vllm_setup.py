@@ -71,7 +71,8 @@ def test_junior_with_another_vocabulary_is_refused_before_start(tiny_checkpoint)
     from tandem_grpo.vllm.serve import server_command
 
     senior = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
-    with pytest.raises(ValueError, match=r"tokenizers map \d+ ids to different tokens \(id 0: "):
+    sizes = r"tokenizers have different sizes \(senior 49152 tokens, junior \d+\) and "
+    with pytest.raises(ValueError, match=sizes + r"map \d+ ids to different tokens \(id 0: "):
         server_command(["--model", senior, "--junior-model", tiny_checkpoint])
 
 
