@@ -6,6 +6,7 @@ import json
 import re
 
 import pytest
+import torch
 from conftest import skip_without_vllm
 
 skip_without_vllm()
@@ -150,3 +151,20 @@ def test_installed_vllm_selects_runners_as_the_engine_assumes():
 
     with pytest.raises(ValueError, match="is not a subclass of vllm.v1.worker.gpu.sample.logits_processor"):
         _load_v2_logitsprocs_by_fqcns([PROCESSOR_FQCN])
+
+
+def test_cpu_engines_get_an_explicit_kv_cache(monkeypatch):
+    """vLLM's CPU worker subtracts the process's memory from its share unless the KV cache size is explicit; an
+    in-process engine beside loaded models then fails to start (CI, 14 GiB machine)."""
+    from tandem_grpo.vllm.engine import CPU_KV_CACHE_BYTES, cpu_kv_cache_default
+
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert cpu_kv_cache_default({"gpu_memory_utilization": 0.2})
+    assert not cpu_kv_cache_default({"kv_cache_memory_bytes": 1 << 27})
+    monkeypatch.setenv("VLLM_CPU_KVCACHE_SPACE", "1")
+    assert not cpu_kv_cache_default({})
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert not cpu_kv_cache_default({})
+    assert CPU_KV_CACHE_BYTES >= 1 << 30

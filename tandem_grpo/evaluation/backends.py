@@ -31,7 +31,7 @@ BACKENDS = ("transformers", "vllm")
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 """Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
-GPU); ignored on a CPU, where ``VLLM_CPU_KVCACHE_SPACE`` sizes the cache."""
+GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.build_llm]."""
 
 
 def derive_seed(base: int, *parts: object) -> int:

@@ -414,6 +414,19 @@ def engine_info(llm) -> dict:
     return info
 
 
+CPU_KV_CACHE_BYTES = 2 << 30
+"""KV cache of an in-process engine on a CPU when none is given (2 GiB: about 46k tokens of SmolLM2-135M in float32,
+a few hundred concurrent completions)."""
+
+
+def cpu_kv_cache_default(kwargs: Mapping[str, object]) -> bool:
+    """Whether [`build_llm`][tandem_grpo.vllm.engine.build_llm] sets ``kv_cache_memory_bytes`` itself: no CUDA, and
+    neither the ``kv_cache_memory_bytes`` argument nor ``VLLM_CPU_KVCACHE_SPACE`` gives a size."""
+    if torch.cuda.is_available() or kwargs.get("kv_cache_memory_bytes") is not None:
+        return False
+    return not os.environ.get("VLLM_CPU_KVCACHE_SPACE")
+
+
 def build_llm(
     model: str,
     junior_model: str | None = None,
@@ -432,7 +445,13 @@ def build_llm(
             ``llm.llm_engine.model_executor.driver_worker.model_runner.model``.
         eos_token_ids: the EOS ids the handoff rule treats as boundaries (see
             [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]).
-        **llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``gpu_memory_utilization=0.2`` on a CPU, ``max_model_len``).
+        **llm_kwargs: more ``vllm.LLM`` arguments (e.g. ``max_model_len``, ``gpu_memory_utilization`` on a GPU).
+
+    On a CPU without ``kv_cache_memory_bytes`` (argument or ``VLLM_CPU_KVCACHE_SPACE``), the KV cache gets
+    [`CPU_KV_CACHE_BYTES`][tandem_grpo.vllm.engine.CPU_KV_CACHE_BYTES]: vLLM's CPU worker otherwise sizes it as
+    ``gpu_memory_utilization`` times the machine's memory minus what this process already holds
+    (vllm/v1/worker/cpu_worker.py), which is negative in a process that has loaded models (a notebook, an evaluation,
+    a test session) and stops the engine at start-up.
     """
     from vllm import LLM
 
@@ -448,5 +467,7 @@ def build_llm(
         kwargs["distributed_executor_backend"] = "external_launcher"
     kwargs.setdefault("logprobs_mode", "processed_logprobs")
     kwargs.update(llm_kwargs)
+    if cpu_kv_cache_default(kwargs):
+        kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
     check_v1_runner_options(kwargs)
     return LLM(model=model, **kwargs)

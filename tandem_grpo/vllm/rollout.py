@@ -35,7 +35,14 @@ from collections.abc import Iterator
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import check_vllm, select_v1_model_runner
-from .engine import boundary_tables, engine_kwargs, finish_rollout, generate_with_llm
+from .engine import (
+    CPU_KV_CACHE_BYTES,
+    boundary_tables,
+    cpu_kv_cache_default,
+    engine_kwargs,
+    finish_rollout,
+    generate_with_llm,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +152,9 @@ class TandemVLLMGeneration(VLLMGeneration):
             def tandem_llm(*args, **kwargs):
                 kwargs.update(extra)
                 kwargs.update(self.llm_kwargs)
+                # The training model already sits in this process: see build_llm on the CPU KV-cache size.
+                if cpu_kv_cache_default(kwargs):
+                    kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
                 return original_llm(*args, **kwargs)
 
             with _swap_attr(_trl_vllm_generation, "LLM", tandem_llm):
