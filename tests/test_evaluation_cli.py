@@ -97,6 +97,19 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     leg = entry["legibility"]
     assert leg["junior_cross_entropy"] > 0.0 and 0.0 < leg["overlap"] < 1.0 and leg["num_tokens"] > 0
     assert results["junior"]["legibility_self"]["junior_cross_entropy"] > 0.0
+    # The authors' averaging (per completion without EOS, then over completions) with an interval, an even/odd null
+    # (k = 2 here) and the paired difference from the junior on its own samples.
+    assert leg["junior_cross_entropy_pooled"] > 0.0 and len(leg["per_completion"]["junior_cross_entropy"]) == 6
+    for name in ("junior_cross_entropy_with_null", "overlap_with_null"):
+        est = leg[name]["mean"]
+        assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
+        assert leg[name]["null_half_difference"]["num_problems"] == 3
+    assert leg["junior_cross_entropy_with_null"]["mean"]["value"] == pytest.approx(leg["junior_cross_entropy"])
+    assert leg["macro"]["junior_cross_entropy"] == pytest.approx(leg["junior_cross_entropy"])
+    own = results["junior"]["legibility_self"]
+    diff = leg["minus_junior_self"]["junior_cross_entropy"]
+    assert diff["value"] == pytest.approx(leg["junior_cross_entropy"] - own["junior_cross_entropy"])
+    assert diff["ci_low"] <= diff["value"] <= diff["ci_high"] and own["overlap_with_null"] is None
     # Beyond the paper: the solo pass@k curve (k = 1 .. n = 2 here) agrees with the pass@k estimates, and coverage
     # is the share of problems with any correct sample.
     for block in (entry["solo"], results["junior"]["solo"], results["grpo"]["solo"]):

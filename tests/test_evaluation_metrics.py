@@ -256,9 +256,12 @@ def test_cross_entropy_of_model_on_its_own_greedy_text():
             for t, token in enumerate(c):
                 logits = model(torch.tensor([p + c[:t]])).logits[0, -1]
                 expected.append(-float(torch.log_softmax(logits, -1)[token]))
-    out = legibility(None, model, prompts, completions, pad_token_id=0, batch_size=2)
+    out = legibility(None, model, prompts, completions, pad_token_id=0, batch_size=2, eos_token_ids=[])
     assert out["num_tokens"] == 10
-    assert out["junior_cross_entropy"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    assert out["junior_cross_entropy_pooled"] == pytest.approx(sum(expected) / len(expected), rel=1e-4)
+    # The headline is the mean of per-completion means (tests/test_evaluation_legibility.py).
+    per_completion = [sum(expected[:6]) / 6, sum(expected[6:]) / 4]
+    assert out["junior_cross_entropy"] == pytest.approx(sum(per_completion) / 2, rel=1e-4)
     assert out["overlap"] is None
     # Greedy tokens are each position's argmax: their -log p is at most that of any other token (< log V).
     assert max(expected) < math.log(64)
@@ -268,10 +271,10 @@ def test_overlap_is_one_for_identical_models_and_less_otherwise():
     model = tiny_llama(0)
     twin = copy.deepcopy(model)  # a distinct module with the same weights: the real two-model path runs
     prompts, completions = [[3, 4, 5], [6, 7]], [[8, 9, 10], [11, 12, 13, 14]]
-    same = legibility(model, twin, prompts, completions, pad_token_id=0)
+    same = legibility(model, twin, prompts, completions, pad_token_id=0, eos_token_ids=[1])
     assert same["overlap"] == pytest.approx(1.0, abs=1e-5)
-    other = legibility(tiny_llama(1), model, prompts, completions, pad_token_id=0)
+    other = legibility(tiny_llama(1), model, prompts, completions, pad_token_id=0, eos_token_ids=[1])
     assert 0.0 < other["overlap"] < 0.99
     assert other["junior_cross_entropy"] == pytest.approx(same["junior_cross_entropy"], rel=1e-5)  # same junior
     with pytest.raises(ValueError, match="shared vocabulary"):
-        legibility(tiny_llama(1, vocab_size=80), model, prompts, completions, pad_token_id=0)
+        legibility(tiny_llama(1, vocab_size=80), model, prompts, completions, pad_token_id=0, eos_token_ids=[1])

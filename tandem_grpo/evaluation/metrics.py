@@ -416,8 +416,42 @@ def drift_reversal(
 # ------------------------------------------------------------------------------------------- legibility (5.4)
 
 
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-position ``-log softmax(logits)[target]`` in nats.
+
+    Args:
+        logits: float ``[B, T, V]``, the predictive logits for each target position.
+        targets: long ``[B, T]``.
+
+    Returns:
+        float64 ``[B, T]`` (on ``logits``' device).
+    """
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, targets.to(logits.device).unsqueeze(-1)).squeeze(-1).double()
+
+
+def token_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor:
+    """Per-position overlap ``sum_v min(p_a(v), p_b(v))`` with ``p = softmax(logits)`` at temperature 1.
+
+    The overlap is 1 for identical distributions and 0 for disjoint supports (it equals 1 minus the total
+    variation distance).
+
+    Args:
+        logits_a: float ``[B, T, V]``, the logits of ``p_a``.
+        logits_b: float ``[B, T, V]``, the logits of ``p_b``.
+
+    Returns:
+        float64 ``[B, T]`` (on ``logits_a``' device).
+    """
+    # Accumulate in float64: a float32 sum over ~50k entries drifts by ~1e-5 from the exact value.
+    return torch.minimum(torch.softmax(logits_a.float(), dim=-1), torch.softmax(logits_b.float(), dim=-1)).sum(
+        -1, dtype=torch.float64
+    )
+
+
 def masked_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
-    """Summed ``-log softmax(logits)[target]`` over masked positions, and the number of positions.
+    """Summed [`token_cross_entropy`][tandem_grpo.evaluation.metrics.token_cross_entropy] over masked positions,
+    and the number of positions.
 
     Args:
         logits: float ``[B, T, V]``, the predictive logits for each target position.
@@ -427,17 +461,13 @@ def masked_token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor, mask
     Returns:
         ``(sum in nats, count)``; divide for the per-token mean.
     """
-    logp = torch.log_softmax(logits.float(), dim=-1)
-    nll = -logp.gather(-1, targets.to(logits.device).unsqueeze(-1)).squeeze(-1)
-    mask = mask.to(logits.device).bool()
-    return float(nll[mask].double().sum()), int(mask.sum())
+    nll = token_cross_entropy(logits, targets)
+    mask = mask.to(nll.device).bool()
+    return float(nll[mask].sum()), int(mask.sum())
 
 
 def masked_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor, mask: torch.Tensor) -> tuple[float, int]:
-    """Summed per-position overlap ``sum_v min(p_a(v), p_b(v))`` over masked positions, and the count.
-
-    The overlap is 1 for identical distributions and 0 for disjoint supports (it equals 1 minus the total
-    variation distance). ``p = softmax(logits)`` at temperature 1.
+    """Summed [`token_overlap`][tandem_grpo.evaluation.metrics.token_overlap] over masked positions, and the count.
 
     Args:
         logits_a: float ``[B, T, V]``, the logits of ``p_a``.
@@ -447,12 +477,9 @@ def masked_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor, mask: torch.T
     Returns:
         ``(sum, count)``.
     """
-    # Accumulate in float64: a float32 sum over ~50k entries drifts by ~1e-5 from the exact value.
-    overlap = torch.minimum(torch.softmax(logits_a.float(), dim=-1), torch.softmax(logits_b.float(), dim=-1)).sum(
-        -1, dtype=torch.float64
-    )
+    overlap = token_overlap(logits_a, logits_b)
     mask = mask.to(overlap.device).bool()
-    return float(overlap[mask].double().sum()), int(mask.sum())
+    return float(overlap[mask].sum()), int(mask.sum())
 
 
 def pad_batch(
@@ -512,6 +539,14 @@ def completion_logits(
     return out.logits[:, :-1, :].float()
 
 
+def _trailing_eos_free_length(ids: Sequence[int], eos: set[int]) -> int:
+    """Length of ``ids`` without its trailing run of EOS ids."""
+    n = len(ids)
+    while n > 0 and int(ids[n - 1]) in eos:
+        n -= 1
+    return n
+
+
 @torch.no_grad()
 def legibility(
     senior,
@@ -521,13 +556,26 @@ def legibility(
     pad_token_id: int,
     batch_size: int = 4,
     progress=None,
+    *,
+    eos_token_ids: Sequence[int],
 ) -> dict:
-    """Junior per-token cross-entropy on the senior's completions and per-token overlap (paper section 5.4).
+    """Junior cross-entropy on the senior's completions and senior/junior overlap, averaged as the paper's authors
+    do (paper section 5.4; authors' ``eval/legibility.py``, repository CSSLab/Tandem-RLVR).
 
-    Both models are teacher-forced on ``prompt + completion``; only completion tokens count. The cross-entropy is
-    ``-log p_junior(token | prefix)`` in nats, and the overlap ``sum_v min(p_senior(v | prefix), p_junior(v |
-    prefix))`` at temperature 1; both are averaged over all completion tokens pooled (a token-weighted mean, so
-    long completions weigh more). Empty completions contribute nothing.
+    Both models are teacher-forced on ``prompt + completion``; only completion tokens count. Per token, the
+    cross-entropy is ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior(v | prefix),
+    p_junior(v | prefix))`` at temperature 1 (in [0, 1]).
+
+    Headline averaging (the authors'): each completion (chain of thought, CoT) gets the mean over its tokens
+    **without its trailing EOS tokens** (the authors score the decoded text, which carries no EOS; a completion cut
+    at the length cap has none and is scored whole), then the figures are the plain mean of those per-CoT means, so
+    every CoT weighs the same whatever its length. A completion with no token left once EOS is removed is skipped
+    (counted in ``num_skipped_empty``). The macro average over benchmarks and the intervals are in
+    [`legibility_intervals`][tandem_grpo.evaluation.legibility_intervals]. Unlike the authors, nothing is dropped
+    for length (they drop CoTs that do not fit their 4096-token engine context).
+
+    The pooled figures are the ones this function returned before (every completion token, EOS included, pooled:
+    a token-weighted mean in which long completions weigh more), kept for comparison with earlier results.
 
     Args:
         senior: the model that wrote ``completions`` (``None`` skips the overlap).
@@ -537,25 +585,49 @@ def legibility(
         pad_token_id: filler id (masked out).
         batch_size: sequences per forward pass.
         progress: optional tqdm-like object, ``update(n)`` is called per batch.
+        eos_token_ids: ids that end a completion (e.g. the generation backend's ``eos_token_ids``); the trailing
+            run of them is left out of the per-CoT means. Pass ``[]`` to score every token.
 
     Returns:
-        ``{"junior_cross_entropy": nats/token, "overlap": mean in [0, 1] or None, "num_tokens": int}``.
+        A dict (``N = len(completions)``; ``overlap*`` are ``None`` when ``senior`` is ``None``):
+
+        - ``"junior_cross_entropy"``: float, nats/token, mean over scored CoTs of each CoT's mean junior
+        cross-entropy (EOS excluded); NaN when no CoT was scored. The authors' ``mean_ce`` on one benchmark.
+        - ``"overlap"``: float in [0, 1], the same averaging of the per-token overlap.
+        - ``"junior_cross_entropy_pooled"``: float, nats/token, token-weighted over every completion token, EOS
+        included (the figure earlier results call ``junior_cross_entropy``).
+        - ``"overlap_pooled"``: float, the same pooling of the overlap (earlier results' ``overlap``).
+        - ``"num_tokens"``: int, completion tokens of the pooled figures (EOS included).
+        - ``"num_scored_tokens"``: int, tokens of the per-CoT means (EOS excluded).
+        - ``"num_completions"``: ``N``; ``"num_scored"``: CoTs averaged; ``"num_skipped_empty"``: CoTs skipped
+        because nothing was left after removing EOS.
+        - ``"per_completion"``: ``{"junior_cross_entropy": [N], "overlap": [N] or None, "num_tokens": [N]}``,
+        aligned with ``completions``: each CoT's mean cross-entropy (nats/token) and mean overlap over its
+        tokens without trailing EOS (``None`` for a skipped CoT), and that token count.
+        - ``"averaging"``: a one-line statement of the above.
 
     Raises:
         ValueError: ``prompts`` and ``completions`` of different lengths, or logits widths that differ.
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
+    eos = {int(i) for i in eos_token_ids}
+    with_overlap = senior is not None
     ce_sum, overlap_sum, count = 0.0, 0.0, 0
+    cot_ce: list[float | None] = []
+    cot_overlap: list[float | None] = []
+    cot_tokens: list[int] = []
     for start in range(0, len(prompts), batch_size):
         batch_p = prompts[start : start + batch_size]
         batch_c = completions[start : start + batch_size]
         input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
         t_len = comp.shape[1]
+        # The per-CoT mask: each completion's positions before its trailing EOS run.
+        kept = torch.tensor([_trailing_eos_free_length(c, eos) for c in batch_c], dtype=torch.long)
         junior_logits = completion_logits(junior, input_ids, attn, t_len)
-        s, n = masked_token_cross_entropy(junior_logits, comp, comp_mask)
-        ce_sum, count = ce_sum + s, count + n
-        if senior is not None:
+        nll = token_cross_entropy(junior_logits, comp).cpu()
+        overlap = None
+        if with_overlap:
             # The same module in both roles gives identical distributions: skip the second forward pass.
             senior_logits = junior_logits if senior is junior else completion_logits(senior, input_ids, attn, t_len)
             if senior_logits.shape[-1] != junior_logits.shape[-1]:
@@ -563,13 +635,41 @@ def legibility(
                     f"senior and junior logits differ in width ({senior_logits.shape[-1]} vs "
                     f"{junior_logits.shape[-1]}); they need one shared vocabulary."
                 )
-            overlap_sum += masked_overlap(senior_logits, junior_logits, comp_mask)[0]
+            overlap = token_overlap(senior_logits, junior_logits).cpu()
             del senior_logits
         del junior_logits
+        pooled = comp_mask.bool()
+        ce_sum, count = ce_sum + float(nll[pooled].sum()), count + int(pooled.sum())
+        if overlap is not None:
+            overlap_sum += float(overlap[pooled].sum())
+        for row, n in enumerate(kept.tolist()):
+            cot_tokens.append(n)
+            cot_ce.append(float(nll[row, :n].mean()) if n else None)
+            if overlap is not None:
+                cot_overlap.append(float(overlap[row, :n].mean()) if n else None)
         if progress is not None:
             progress.update(len(batch_p))
+    scored_ce = [v for v in cot_ce if v is not None]
+    scored_overlap = [v for v in cot_overlap if v is not None]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
     return {
-        "junior_cross_entropy": ce_sum / count if count else float("nan"),
-        "overlap": (overlap_sum / count if count else float("nan")) if senior is not None else None,
+        "junior_cross_entropy": mean(scored_ce),
+        "overlap": mean(scored_overlap) if with_overlap else None,
+        "junior_cross_entropy_pooled": ce_sum / count if count else float("nan"),
+        "overlap_pooled": (overlap_sum / count if count else float("nan")) if with_overlap else None,
         "num_tokens": count,
+        "num_scored_tokens": sum(cot_tokens),
+        "num_completions": len(completions),
+        "num_scored": len(scored_ce),
+        "num_skipped_empty": len(completions) - len(scored_ce),
+        "per_completion": {
+            "junior_cross_entropy": cot_ce,
+            "overlap": cot_overlap if with_overlap else None,
+            "num_tokens": cot_tokens,
+        },
+        "averaging": (
+            "headline: mean over completions of each completion's per-token mean, trailing EOS excluded, empty "
+            "completions skipped (authors' eval/legibility.py); *_pooled: token-weighted over every completion "
+            "token, EOS included"
+        ),
     }

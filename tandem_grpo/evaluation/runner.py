@@ -14,7 +14,9 @@ Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166
    into the first 8 completion tokens and the rest; with a GRPO checkpoint, the share of GRPO's most-shifted
    tokens each checkpoint moves back toward the base.
 4. Legibility (5.4): the junior's per-token cross-entropy on each checkpoint's solo completions and the per-token
-   overlap of the two models' next-token distributions.
+   overlap of the two models' next-token distributions, averaged as the paper's authors do (per completion without
+   EOS, then over completions), with intervals over problems, an even/odd-samples null and the paired difference
+   from the junior on its own samples ([`legibility_intervals`][tandem_grpo.evaluation.legibility_intervals]).
 
 Every model that appears in several roles (e.g. the junior is also the base, or is itself evaluated) is loaded
 once and sampled once: its solo completions are reused everywhere, so e.g. ``KL(base || base)`` is exactly 0.
@@ -39,6 +41,7 @@ from ..sampling import SamplingSettings
 from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend, derive_seed, shared_engine
 from .drift import drift as drift_with_null
 from .drift import moved_back
+from .legibility_intervals import cot_mean, macro_average, paired_difference
 from .metrics import (
     DEFAULT_CURVE_MAX_K,
     DEFAULT_DRIFT_PREFIX_TOKENS,
@@ -706,25 +709,58 @@ def _measure_drift(run: _Run, results: dict) -> None:
 
 def _measure_legibility(run: _Run, results: dict) -> None:
     """Measurement 4, legibility: the junior's cross-entropy on each checkpoint's solo completions and the two
-    models' overlap (each distinct model scored once), and the junior on its own completions as the reference."""
+    models' overlap (each distinct model scored once), and the junior on its own completions as the reference.
+
+    The figures are averaged as the paper's authors do (per chain of thought without EOS, then over chains of
+    thought; [`legibility`][tandem_grpo.evaluation.metrics.legibility]); each comes with an interval over problems
+    and an even/odd-samples null ([`cot_mean`][tandem_grpo.evaluation.legibility_intervals.cot_mean]), and each
+    checkpoint's cross-entropy with its paired difference from the junior's on its own samples
+    ([`paired_difference`][tandem_grpo.evaluation.legibility_intervals.paired_difference])."""
     config, junior = run.config, run.junior
-    pad_id = junior.backend.pad_token_id
+    pad_id, eos_ids = junior.backend.pad_token_id, junior.backend.eos_token_ids
+    stats = {"confidence": config.confidence, "seed": config.seed}
     done: dict[str, dict] = {}
 
     def score(key: str, senior, desc: str) -> dict:
         if key not in done:
             with run.progress(desc) as bar:
                 solo = run.models[key].solo
-                done[key] = legibility(senior, junior.model, run.rows, solo, pad_id, config.score_batch_size, bar)
+                done[key] = legibility(senior, junior.model, run.rows, solo, pad_id, config.score_batch_size, bar,
+                                       eos_token_ids=eos_ids)  # fmt: skip
         return done[key]
 
-    for name, m in run.seniors():
-        results["checkpoints"][name]["legibility"] = dict(score(m.resolved, m.model, f"legibility {name}"))
+    def per_problem(out: dict, metric: str) -> list[list] | None:
+        values = out["per_completion"][metric]
+        return None if values is None else _by_problem(values, config.k)
+
+    def block(out: dict) -> dict:
+        entry = dict(out)
+        for metric in ("junior_cross_entropy", "overlap"):
+            grouped = per_problem(out, metric)
+            entry[f"{metric}_with_null"] = None if grouped is None else cot_mean(grouped, **stats)
+        # The authors' headline is the macro average over benchmarks of each benchmark's mean over CoTs. A run
+        # evaluates one dataset today, so the macro equals its figure; a multi-benchmark run fills "by_benchmark"
+        # with one entry per dataset and the macro averages them.
+        entry["by_benchmark"] = {config.dataset: {m: out[m] for m in ("junior_cross_entropy", "overlap")}}
+        entry["macro"] = {
+            m: None if out[m] is None else macro_average({b: v[m] for b, v in entry["by_benchmark"].items()})
+            for m in ("junior_cross_entropy", "overlap")
+        } | {"benchmarks": list(entry["by_benchmark"])}
+        return entry
+
+    outputs = {name: score(m.resolved, m.model, f"legibility {name}") for name, m in run.seniors()}
     own = score(run.junior_key, None, "legibility junior (self)")
-    results["junior"]["legibility_self"] = {
-        "junior_cross_entropy": own["junior_cross_entropy"],
-        "num_tokens": own["num_tokens"],
-    }
+    own_ce = per_problem(own, "junior_cross_entropy")
+    for name, out in outputs.items():
+        entry = results["checkpoints"][name]["legibility"] = block(out)
+        # How much harder (> 0) the junior finds the checkpoint's text than its own, problems resampled together.
+        entry["minus_junior_self"] = {
+            "junior_cross_entropy": paired_difference(per_problem(out, "junior_cross_entropy"), own_ce, **stats)
+        }
+    own_block = block(own)
+    # The junior scored on its own samples has no senior: no overlap (when the junior is also a checkpoint, its
+    # cached score carries the overlap of the model with itself, 1).
+    results["junior"]["legibility_self"] = own_block
 
 
 def _authorship_views(run: _Run, schedule_outputs: dict[str, list[ScheduleOutput]]) -> list[SampleView]:
