@@ -413,7 +413,9 @@ def estimate_seconds(plan: Plan) -> tuple[float, bool]:
     evaluation = plan.evaluation[study.seeds[0]]
     problems = study.eval_limit or 0
     scale = evaluation.k * evaluation.max_new_tokens / (t["eval_k"] * t["eval_tokens"])
-    schedules = 1 + 2 * len(evaluation.step_grid) if "handoff" in evaluation.measurements else 0
+    # The alternating protocol and the word rule, one schedule each, and the step grid, two each (senior/junior first).
+    runs = {"alternating": 1, "word": 1, "steps": 2 * len(evaluation.step_grid)}
+    schedules = sum(runs[s] for s in evaluation.schedules) if "handoff" in evaluation.measurements else 0
     per_problem = (t["eval_base"] + schedules * t["eval_schedule"]) * scale
     per_seed = train + problems * per_problem + t["overhead"] + 12.0 * len(ARMS)
     return per_seed * len(study.seeds), t["measured"]

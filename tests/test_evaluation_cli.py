@@ -73,6 +73,7 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     }
     entry = results["checkpoints"][tiny_dirs["tandem"]]
     assert set(entry["handoff"]) == {
+        "alternating",
         "word_p0.5",
         "senior_first_s1",
         "junior_first_s1",
@@ -85,6 +86,13 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
             assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
         assert len(block["correct_per_problem"]) == 3
     assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
+    # Who wrote what, per schedule, with intervals over problems; the paper's protocol always starts with the senior.
+    for block in entry["handoff"].values():
+        share, handed = block["senior_share"], block["handed_over_share"]
+        assert 0.0 <= share["ci_low"] <= share["value"] <= share["ci_high"] <= 1.0 and 0.0 <= handed["value"] <= 1.0
+    alternating = entry["handoff"]["alternating"]
+    assert alternating["schedule"]["max_rounds"] == 150 and alternating["mean_turns"] >= 1.0
+    assert alternating["senior_share"]["value"] > 0.0
     assert entry["drift"]["kl_to_base_nats"] > 0.0
     assert 0 < entry["drift_reversal"]["top_n"] <= 50
     assert 0.0 <= entry["drift_reversal"]["fraction_moved_back"] <= 1.0
@@ -118,6 +126,10 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
         assert [e["value"] for e in curve["pass_at_k"]] == [block["pass@1"]["value"], block["pass@2"]["value"]]
         solved = sum(c > 0 for c in block["correct_per_problem"]) / 3
         assert curve["coverage"]["value"] == pytest.approx(solved)
+        # Hack detectors: the per-problem mean length is the mean length (k equal per problem).
+        hacks = block["hacks"]
+        assert hacks["num_tokens"]["value"] == pytest.approx(block["mean_completion_tokens"])
+        assert 0.0 <= hacks["cap_rate"]["value"] <= 1.0 and 0.0 <= hacks["repeated_4gram_share"]["value"] <= 1.0
     # Drift split by position: the first 8 completion tokens and the rest partition every completion's tokens.
     for drift in (entry["drift"], results["grpo"]["drift"]):
         parts = drift["by_position"]
@@ -247,7 +259,7 @@ def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
     results = _check_outputs(out)
     entry = results["checkpoints"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert results["settings"]["resolved_paths"]["HuggingFaceTB/SmolLM2-135M-Instruct"] == smollm2_path
-    assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
+    assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
     assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)
     assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)

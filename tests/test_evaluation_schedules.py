@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tandem_grpo.evaluation.backends import GenerationBackend, TransformersBackend, create_backend, derive_seed
-from tandem_grpo.evaluation.schedules import handover_token_index, step_schedule, word_handoff_schedule
+from tandem_grpo.evaluation.backends import (
+    GenerationBackend,
+    TransformersBackend,
+    create_backend,
+    cut_at_stop,
+    derive_seed,
+    stop_length,
+)
+from tandem_grpo.evaluation.schedules import (
+    alternating_schedule,
+    handover_token_index,
+    step_schedule,
+    word_handoff_schedule,
+)
 from tandem_grpo.handoff import BoundaryTables, HandoffRule, replay_authorship
 from tandem_grpo.sampling import SamplingSettings, default_eos_token_ids
 
@@ -234,3 +248,106 @@ def test_backend_ends_completions_at_trainings_eos_ids(tok, senior):
         assert backend.eos_token_ids == default_eos_token_ids(tok, senior.generation_config) == [EOS, 7]
     finally:
         senior.generation_config.eos_token_id = original
+
+
+class StepBackend(GenerationBackend):
+    """Writes one scripted step per call and row ("<label> step.\\n\\n"), and after ``steps`` calls an answer with EOS;
+    records the prompts and caps it was asked with. A step ends at the stop string, as the backends' contract says."""
+
+    name = "steps"
+
+    def __init__(self, tok, label: str, steps: int):
+        self.tok, self.label, self.steps = tok, label, steps
+        self.eos_token_ids = [EOS]
+        self.pad_token_id = EOS
+        self.calls: list[tuple[list[list[int]], list[int], tuple]] = []
+
+    def generate(self, prompts, sampling, *, max_new_tokens, seed=0, desc="", stop=()):
+        self.calls.append(([list(p) for p in prompts], list(max_new_tokens), tuple(stop)))
+        if len(self.calls) > self.steps:
+            ids = encode(self.tok, f"{self.label} answer.") + [EOS]
+        else:
+            ids = encode(self.tok, f"{self.label} step.\n\n")
+        return [ids[:cap] for cap in max_new_tokens]
+
+
+def _alternate(prompts, senior, junior, tok, budget: int, max_rounds: int = 150):
+    return alternating_schedule(
+        prompts, senior, junior, tok, SamplingSettings(), max_new_tokens=budget, max_rounds=max_rounds
+    )
+
+
+def test_alternating_protocol_takes_turns_one_step_each(tok):
+    """The paper's protocol: the senior writes step 1, then the models alternate one step each on the shared history,
+    until a turn ends without the step separator (here the senior's EOS after its third step)."""
+    prompt = encode(tok, "Q?")
+    senior, junior = StepBackend(tok, "S", steps=3), StepBackend(tok, "J", steps=10)
+    out = _alternate([prompt], senior, junior, tok, budget=200)
+
+    step_s, step_j = encode(tok, "S step.\n\n"), encode(tok, "J step.\n\n")
+    answer = encode(tok, "S answer.") + [EOS]
+    expected = (step_s + step_j) * 3 + answer
+    assert out.name == "alternating" and out.completion_ids == [expected]
+    assert out.authorship == [([1] * len(step_s) + [0] * len(step_j)) * 3 + [1] * len(answer)]
+    assert out.turns == [7] and out.handed_over == [True] and out.settings["unfinished_rows"] == 0
+    # Each model continued the whole shared history, with what was left of the one budget, and was told the stop.
+    asked, caps, stop = junior.calls[0]
+    assert asked == [prompt + step_s] and caps == [200 - len(step_s)] and stop == ("\n\n",)
+    asked, caps, _ = senior.calls[1]
+    assert asked == [prompt + step_s + step_j] and caps == [200 - len(step_s) - len(step_j)]
+
+
+def test_alternating_protocol_shares_one_budget_and_caps_rounds(tok):
+    prompts = [encode(tok, "Q?"), encode(tok, "Another question?")]
+    step_s = encode(tok, "S step.\n\n")
+    # The budget ends inside the junior's first step: both rows stop there, the junior's part cut to what was left.
+    budget = len(step_s) + 2
+    out = _alternate(prompts, StepBackend(tok, "S", 9), StepBackend(tok, "J", 9), tok, budget=budget)
+    assert all(len(ids) == budget for ids in out.completion_ids)
+    assert out.authorship == [[1] * len(step_s) + [0, 0]] * 2 and out.turns == [2, 2]
+    # Neither model ever ends: the round cap (one senior and one junior step per round) stops the protocol.
+    out = _alternate(prompts, StepBackend(tok, "S", 99), StepBackend(tok, "J", 99), tok, budget=10_000, max_rounds=2)
+    assert out.turns == [4, 4] and out.settings["unfinished_rows"] == 2
+    # The senior answering in its first step hands nothing over.
+    out = _alternate(prompts, StepBackend(tok, "S", 0), StepBackend(tok, "J", 9), tok, budget=100)
+    assert out.handed_over == [False, False] and all(a == [1] * len(a) for a in out.authorship)
+
+
+def test_stop_length_finds_the_token_that_completes_the_separator(tok):
+    ids = encode(tok, "One.\n\nTwo.\n\nThree")
+    n = stop_length(ids, tok, ("\n\n",))
+    assert tok.decode(ids[:n]).endswith("\n\n") and "\n\n" not in tok.decode(ids[: n - 1])
+    assert tok.decode(cut_at_stop(ids, tok, ("\n\n",))) == "One.\n\n"
+    assert stop_length(encode(tok, "No blank line.\nAt all."), tok, ("\n\n",)) is None
+
+
+def test_alternating_protocol_with_smollm2(smollm2_path, tok):
+    """On the real model through the transformers backend: the senior starts, authors alternate, every handed-over
+    turn ends with the blank line that ends a step, and the completion stays within the budget."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    backend = TransformersBackend(model, tok, batch_size=8, show_progress=False)
+    question = "Natalia sold 48 clips in April and half as many in May. How many clips did she sell in total?"
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": question + " Think step by step, one step per paragraph."}],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
+    prompts = [encode(tok, text)] * 4
+    budget = 120
+    out = alternating_schedule(
+        prompts, backend, backend, tok, SamplingSettings(temperature=0.7, top_p=0.8, top_k=20), max_new_tokens=budget
+    )
+    assert sum(out.handed_over) >= 1, "SmolLM2 wrote no blank line in 4 samples: the prompt no longer tests handoffs"
+    # The backend itself: a completion that meets the separator ends right after it (no padding or EOS after it).
+    steps = backend.generate(prompts, SamplingSettings(), max_new_tokens=budget, stop=("\n\n",), seed=1)
+    texts = [tok.decode(ids, skip_special_tokens=False) for ids in steps]
+    assert any("\n\n" in t for t in texts)
+    assert all(t.endswith("\n\n") for t in texts if "\n\n" in t), texts
+    for ids, authors in zip(out.completion_ids, out.authorship, strict=True):
+        assert len(ids) <= budget and authors[0] == 1
+        runs = [list(g) for _, g in itertools.groupby(range(len(ids)), key=lambda i: authors[i])]
+        for run in runs[:-1]:  # every turn but the last ended at a step separator, then the other model wrote
+            assert tok.decode(ids[run[0] : run[-1] + 1]).endswith("\n\n")
+            assert "\n\n" not in tok.decode(ids[run[0] : run[-1]])

@@ -24,7 +24,11 @@ from tandem_grpo.evaluation.backends import (  # noqa: E402
     shared_engine,
 )
 from tandem_grpo.evaluation.cli import main  # noqa: E402
-from tandem_grpo.evaluation.schedules import engine_word_handoff_schedule, step_schedule  # noqa: E402
+from tandem_grpo.evaluation.schedules import (  # noqa: E402
+    alternating_schedule,
+    engine_word_handoff_schedule,
+    step_schedule,
+)
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings  # noqa: E402
 
@@ -99,6 +103,31 @@ def test_training_rule_and_prefix_continuation_on_the_engine(engine, smollm2_pat
         assert authorship == [1] * n + [0] * (len(ids) - n) and len(ids) > n
 
 
+def test_alternating_protocol_on_the_engine(engine, smollm2_path, smollm2_tokenizer):
+    """The paper's protocol on vLLM: the engine stops each turn at the blank line (stop strings), the senior starts,
+    authors alternate, and every turn but the last ends with the separator."""
+    import itertools
+
+    tok = smollm2_tokenizer
+    senior = VLLMBackend(engine, smollm2_path, is_junior=False, tokenizer=tok)
+    junior = VLLMBackend(engine, smollm2_path, is_junior=True, tokenizer=tok)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": "Natalia sold 48 clips in April and half as many in May. How many in total? "
+          "Think step by step, one step per paragraph."}],
+        tokenize=False, add_generation_prompt=True,
+    )  # fmt: skip
+    rows, budget = [tok(text, add_special_tokens=False)["input_ids"]] * 8, 120
+    out = alternating_schedule(rows, senior, junior, tok, SamplingSettings(temperature=0.7, top_p=0.8, top_k=20),
+                               max_new_tokens=budget)  # fmt: skip
+    assert sum(out.handed_over) >= 1, "no sample wrote a blank line: the prompt no longer tests handoffs"
+    for ids, authors in zip(out.completion_ids, out.authorship, strict=True):
+        assert len(ids) <= budget and authors[0] == 1
+        runs = [list(g) for _, g in itertools.groupby(range(len(ids)), key=lambda i: authors[i])]
+        for run in runs[:-1]:
+            assert tok.decode(ids[run[0] : run[-1] + 1]).endswith("\n\n")
+            assert "\n\n" not in tok.decode(ids[run[0] : run[-1]])
+
+
 def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
     if not GSM8K_TEST.is_file():
         pytest.skip(f"{GSM8K_TEST} missing")
@@ -110,7 +139,7 @@ def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
     results = json.loads((out / "results.json").read_text())
     assert results["settings"]["backend"] == "vllm"
     entry = results["checkpoints"][MODEL]
-    assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
+    assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     assert entry["handoff"]["word_p0.5"]["schedule"]["backend"] == "vllm"
     assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
     assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)  # one model, sampled once

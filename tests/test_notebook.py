@@ -187,7 +187,7 @@ def test_evaluation_notebook_compares_a_tandem_and_a_grpo_senior(tmp_path, smoll
     entries = results["checkpoints"]
     assert set(entries) == {"tandem-vs-grpo/tandem-senior", "tandem-vs-grpo/grpo-senior"}
     for entry in entries.values():
-        assert set(entry["handoff"]) == {"word_p0.5", "senior_first_s1", "junior_first_s1"}
+        assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
         assert entry["drift"]["kl_to_base_nats"] >= 0 and entry["legibility"]["junior_cross_entropy"] > 0
     assert "drift_reversal" in entries["tandem-vs-grpo/tandem-senior"]
 

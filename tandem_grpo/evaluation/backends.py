@@ -51,6 +51,39 @@ def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | No
     return out
 
 
+def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | None:
+    """The number of leading tokens of ``ids`` whose text first contains one of ``stop``, or ``None`` if it never does.
+
+    The text of ``n`` tokens is ``tokenizer.decode(ids[:n])`` (special tokens kept, no clean-up); containing a stop
+    string only becomes true as ``n`` grows, so the shortest such ``n`` is found by bisection. A token that carries
+    the stop string and more (``".\n\n"``) is kept whole, as vLLM's ``include_stop_str_in_output`` keeps it.
+    """
+
+    def text(n: int) -> str:
+        return tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+
+    def found(n: int) -> bool:
+        t = text(n)
+        return any(s in t for s in stop)
+
+    if not stop or not found(len(ids)):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if found(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+def cut_at_stop(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> list[int]:
+    """``ids`` up to and including the token that completes the first stop string (all of ``ids`` without one)."""
+    n = stop_length(ids, tokenizer, stop)
+    return list(ids[: len(ids) if n is None else n])
+
+
 class GenerationBackend:
     """Interface: sample completions for token-id prompts with one model.
 
@@ -72,6 +105,7 @@ class GenerationBackend:
         max_new_tokens: int | Sequence[int],
         seed: int = 0,
         desc: str = "generate",
+        stop: Sequence[str] = (),
     ) -> list[list[int]]:
         """Sample one completion per prompt.
 
@@ -82,9 +116,12 @@ class GenerationBackend:
             max_new_tokens: the completion length cap, one for all prompts or one per prompt.
             seed: seed for this call.
             desc: progress-bar label.
+            stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``);
+                the cut is [`cut_at_stop`][tandem_grpo.evaluation.backends.cut_at_stop] on every backend.
 
         Returns:
-            One completion per prompt: token ids up to and including the first EOS (absent when the cap was hit).
+            One completion per prompt: token ids up to and including the first EOS or the token that completes a
+            stop string (neither when the cap was hit).
         """
         raise NotImplementedError
 
@@ -149,6 +186,7 @@ class TransformersBackend(GenerationBackend):
         max_new_tokens: int | Sequence[int],
         seed: int = 0,
         desc: str = "generate",
+        stop: Sequence[str] = (),
     ) -> list[list[int]]:
         from tqdm.auto import tqdm
 
@@ -178,9 +216,14 @@ class TransformersBackend(GenerationBackend):
                     max_new_tokens=max(batch_caps),
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
+                    # A row that meets a stop string is padded from there on; cut_at_stop drops the padding.
+                    **({"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}),
                 )
             completions = generated[:, width:].tolist()
-            out.extend(cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(completions, batch_caps, strict=True))
+            out.extend(
+                cut_at_stop(cut_at_eos(c, self.eos_token_ids, cap), self.tokenizer, stop)
+                for c, cap in zip(completions, batch_caps, strict=True)
+            )
             bar.update(len(batch))
         bar.close()
         return out
@@ -244,6 +287,7 @@ class TandemEngine:
         *,
         max_new_tokens: Sequence[int],
         seeds: Sequence[int],
+        stop: Sequence[str] = (),
     ):
         """Tandem completions of the current senior and the junior, one request per prompt.
 
@@ -254,6 +298,7 @@ class TandemEngine:
                 1: the junior alone).
             max_new_tokens: length cap per prompt.
             seeds: coin-stream seed per prompt.
+            stop: strings that end a request, kept in its output (``include_stop_str_in_output``).
 
         Returns:
             A [`TandemRollout`][tandem_grpo.vllm.engine.TandemRollout] (ids, authorship replayed and checked
@@ -269,8 +314,9 @@ class TandemEngine:
         )
 
         uids = new_uids(len(prompts))
+        extra = {"stop": list(stop), "include_stop_str_in_output": True} if stop else None
         params = [
-            sampling_params(sampling, [seed], [uid], rule, max_tokens=cap)[0]
+            sampling_params(sampling, [seed], [uid], rule, max_tokens=cap, generation_kwargs=extra)[0]
             for seed, uid, cap in zip(seeds, uids, max_new_tokens, strict=True)
         ]
         requests = [{"prompt_token_ids": list(p)} for p in prompts]
@@ -325,12 +371,16 @@ class VLLMBackend(GenerationBackend):
             loads).
         is_junior: whether this model is the engine's junior.
         pad_token_id: filler id (default: the first EOS id).
+        tokenizer: the model's tokenizer, needed for ``stop`` strings (default: none).
     """
 
     name = "vllm"
 
-    def __init__(self, engine: TandemEngine, path: str, *, is_junior: bool, pad_token_id: int | None = None) -> None:
+    def __init__(
+        self, engine: TandemEngine, path: str, *, is_junior: bool, pad_token_id: int | None = None, tokenizer=None
+    ) -> None:
         self.engine = engine
+        self.tokenizer = tokenizer
         self.path = path
         self.is_junior = is_junior
         self.eos_token_ids = list(engine.eos_token_ids)
@@ -344,12 +394,13 @@ class VLLMBackend(GenerationBackend):
         max_new_tokens: int | Sequence[int],
         seed: int = 0,
         desc: str = "generate",
+        stop: Sequence[str] = (),
     ) -> list[list[int]]:
         from ..handoff import HandoffRule
 
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
         rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior)[0]
+        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)[0]
 
     def tandem(
         self,
@@ -372,7 +423,7 @@ class VLLMBackend(GenerationBackend):
         """
         return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=True)
 
-    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool):
+    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool, stop: Sequence[str] = ()):
         caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(caps) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
@@ -381,8 +432,12 @@ class VLLMBackend(GenerationBackend):
         if load:
             self.engine.load_senior(self.path)
         seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds)
+        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
         ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
+        if stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
+            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
         return ids, [a[: len(c)] for a, c in zip(out.authorship, ids, strict=True)]
 
 

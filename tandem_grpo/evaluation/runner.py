@@ -41,11 +41,13 @@ from ..sampling import SamplingSettings
 from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend, derive_seed, shared_engine
 from .drift import drift as drift_with_null
 from .drift import moved_back
+from .hacks import hack_detectors
 from .legibility_intervals import cot_mean, macro_average, paired_difference
 from .metrics import (
     DEFAULT_CURVE_MAX_K,
     DEFAULT_DRIFT_PREFIX_TOKENS,
     DEFAULT_KL_SMOOTHING,
+    bootstrap_mean,
     capability,
     drift_reversal,
     legibility,
@@ -55,11 +57,23 @@ from .metrics import (
     token_counts,
 )
 from .report import RESULTS_FILE, SampleView, write_report
-from .schedules import ScheduleOutput, engine_word_handoff_schedule, step_schedule, word_handoff_schedule
+from .schedules import (
+    MAX_ROUNDS,
+    ScheduleOutput,
+    alternating_schedule,
+    engine_word_handoff_schedule,
+    step_schedule,
+    word_handoff_schedule,
+)
 
 logger = logging.getLogger(__name__)
 
 MEASUREMENTS = ("handoff", "drift", "legibility")
+SCHEDULES = ("alternating", "word", "steps")
+"""The handoff schedules of ``--schedules``: the paper's protocol
+([`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]), the training rule
+([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and the step grid
+([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule])."""
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 
@@ -128,6 +142,11 @@ class EvaluationConfig:
                              "paper authors') or whole_unit.")  # fmt: skip
     handoff_granularity: str = _arg("word", "Handoff unit of the training-rule schedule: word, sentence or token.")
     max_gap_tokens: int = _arg(32, "Longest run without a handoff boundary in the training-rule schedule.")
+    schedules: list[str] = _arg(list(SCHEDULES), "Handoff schedules to run: alternating (the paper's protocol: senior "
+                                "first, then one reasoning step each), word (the training rule), steps (s steps of "
+                                "one model, then the other).")  # fmt: skip
+    max_rounds: int = _arg(MAX_ROUNDS, "Round cap of the alternating protocol (one senior and one junior step each; "
+                           "the authors' 150).")  # fmt: skip
     step_grid: list[int] = _arg([1, 2, 3], "Step counts s of the step schedules (s steps, then the other model).")
     measurements: list[str] = _arg(list(MEASUREMENTS), f"Which of {', '.join(MEASUREMENTS)} to run (solo always "
                                    "runs).")  # fmt: skip
@@ -194,6 +213,11 @@ class EvaluationConfig:
             )
         if self.instruction not in INSTRUCTIONS:
             raise EvaluationError(f"--instruction {self.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
+        unknown = [m for m in self.schedules if m not in SCHEDULES]
+        if unknown or not self.schedules:
+            raise EvaluationError(f"--schedules {list(self.schedules)}: choose one or more of {list(SCHEDULES)}.")
+        if self.max_rounds < 1:
+            raise EvaluationError(f"--max_rounds {self.max_rounds}: must be >= 1.")
         unknown = [m for m in self.measurements if m not in MEASUREMENTS]
         if unknown:
             raise EvaluationError(f"Unknown measurement(s) {unknown}; choose from {list(MEASUREMENTS)}.")
@@ -224,6 +248,7 @@ class EvaluationConfig:
         d = dataclasses.asdict(self)
         d["checkpoints"] = list(self.checkpoints)
         d["step_grid"] = list(self.step_grid)
+        d["schedules"] = list(self.schedules)
         d["measurements"] = list(self.measurements)
         d["pass_at"] = self.resolved_pass_at()
         return d
@@ -410,14 +435,21 @@ class _Run:
         return capability(_by_problem(correct, c.k), c.resolved_pass_at(), seed=c.seed, confidence=c.confidence)
 
     def solo_block(self, m: _Model) -> dict:
-        """A model's solo results: pass@k and accuracy, mean length, and the pass@k curve with coverage."""
+        """A model's solo results: pass@k and accuracy, mean length, the pass@k curve with coverage, and the
+        reward-hacking detectors ([`hack_detectors`][tandem_grpo.evaluation.hacks.hack_detectors])."""
         c = self.config
         curve = pass_at_k_curve(
             _by_problem(m.solo_correct, c.k), c.pass_at_k_curve_max, seed=c.seed, confidence=c.confidence
         )
+        texts = self.tokenizer.batch_decode(m.solo, skip_special_tokens=True)
+        hacks = hack_detectors(
+            _by_problem(m.solo, c.k), _by_problem(texts, c.k), c.max_new_tokens, m.backend.eos_token_ids,
+            confidence=c.confidence, seed=c.seed,
+        )  # fmt: skip
         return self.capability(m.solo_correct) | {
             "mean_completion_tokens": _mean_len(m.solo),
             "pass_at_k_curve": curve,
+            "hacks": hacks,
         }
 
     def add_records(self, checkpoint: str, schedule: str, completions, authorship, correct) -> None:
@@ -523,7 +555,7 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
             raise EvaluationError(f"--backend vllm: {err}") from err
         for key, m in models.items():
             m.backend = VLLMBackend(engine, m.resolved, is_junior=key == junior_key,
-                                    pad_token_id=tokenizers[key].pad_token_id)  # fmt: skip
+                                    pad_token_id=tokenizers[key].pad_token_id, tokenizer=tokenizers[key])  # fmt: skip
     timing["load_models"] = time.perf_counter() - t
     return _Run(
         config=config,
@@ -593,8 +625,23 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
     rule = config.handoff_rule()
     schedule_outputs: dict[str, list[ScheduleOutput]] = {}
     for name, senior in run.seniors():
-        if isinstance(senior.backend, VLLMBackend):
-            outputs = [
+        outputs = []
+        if "alternating" in config.schedules:
+            outputs.append(
+                alternating_schedule(
+                    run.rows,
+                    senior.backend,
+                    junior.backend,
+                    tokenizer,
+                    config.sampling,
+                    max_new_tokens=config.max_new_tokens,
+                    max_rounds=config.max_rounds,
+                    seed=derive_seed(config.seed, "alternating", senior.path),
+                    desc=f"alternating {name}",
+                )
+            )
+        if "word" in config.schedules and isinstance(senior.backend, VLLMBackend):
+            outputs.append(
                 engine_word_handoff_schedule(
                     senior.backend,
                     run.rows,
@@ -603,10 +650,10 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
                     max_new_tokens=config.max_new_tokens,
                     seed=derive_seed(config.seed, "word", senior.path),
                 )
-            ]
-        else:
-            outputs = [_word_schedule(run, senior, rule, name)]
-        for s in config.step_grid:
+            )
+        elif "word" in config.schedules:
+            outputs.append(_word_schedule(run, senior, rule, name))
+        for s in config.step_grid if "steps" in config.schedules else []:
             for first, lead, other in (("senior", senior, junior), ("junior", junior, senior)):
                 outputs.append(
                     step_schedule(
@@ -625,15 +672,37 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
         handoff = results["checkpoints"][name]["handoff"] = {}
         for out in outputs:
             correct = run.score(out.completion_ids)
-            handoff[out.name] = run.capability(correct) | {
-                "senior_token_fraction": out.senior_token_fraction(),
-                "exhausted_fraction": out.exhausted_fraction(),
-                "mean_completion_tokens": _mean_len(out.completion_ids),
-                "schedule": out.settings,
-            }
+            handoff[out.name] = (
+                run.capability(correct)
+                | _authorship_shares(run, out)
+                | {
+                    "senior_token_fraction": out.senior_token_fraction(),
+                    "exhausted_fraction": out.exhausted_fraction(),
+                    "mean_completion_tokens": _mean_len(out.completion_ids),
+                    "schedule": out.settings,
+                }
+            )
+            if out.turns is not None:
+                handoff[out.name]["mean_turns"] = sum(out.turns) / len(out.turns) if out.turns else float("nan")
             run.add_records(name, out.name, out.completion_ids, out.authorship, correct)
         schedule_outputs[name] = outputs
     return schedule_outputs
+
+
+def _authorship_shares(run: _Run, out: ScheduleOutput) -> dict:
+    """Who wrote a schedule's completions, with intervals over problems: ``senior_share`` (per problem, the senior's
+    share of its tokens; then the mean over problems) and ``handed_over_share`` (per problem, the share of its rows
+    the junior wrote any token of)."""
+    c = run.config
+    per_problem_share, per_problem_handed = [], []
+    for rows in _by_problem(out.authorship, c.k):
+        tokens = sum(len(a) for a in rows)
+        per_problem_share.append(sum(sum(a) for a in rows) / tokens if tokens else 1.0)
+        per_problem_handed.append(sum(any(t == 0 for t in a) for a in rows) / len(rows))
+    return {
+        "senior_share": bootstrap_mean(per_problem_share, c.confidence, seed=c.seed).to_dict(),
+        "handed_over_share": bootstrap_mean(per_problem_handed, c.confidence, seed=c.seed).to_dict(),
+    }
 
 
 def _word_schedule(run: _Run, senior: _Model, rule, name: str) -> ScheduleOutput:

@@ -8,6 +8,10 @@
     ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
     completions with the junior; the mirror continues junior completions with the senior.
 
+(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's handoff protocol
+    (the authors' ``eval/handoff.py``): the senior writes the first reasoning step, then the two models take turns,
+    one step each (a step ends at a blank line), in one shared token budget.
+
 Every schedule returns per-token authorship (1 = senior, 0 = junior), so what it promises can be checked.
 """
 
@@ -20,7 +24,7 @@ import torch
 
 from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed
+from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed, stop_length
 from .steps import handover_region
 
 
@@ -33,8 +37,10 @@ class ScheduleOutput:
         completion_ids: token ids of each completion, cut after EOS.
         authorship: same shapes as ``completion_ids``; 1 = senior wrote the token, 0 = junior.
         handed_over: for step schedules, whether the row was continued by the second model (``False``: the first
-            model's completion had ``s`` steps or fewer and stands unchanged); ``None`` for the word rule.
+            model's completion had ``s`` steps or fewer and stands unchanged); for the alternating schedule, whether
+            the junior wrote any of it; ``None`` for the word rule.
         settings: what produced the completions (for ``results.json``).
+        turns: for the alternating schedule, the number of turns (steps) of each row; ``None`` otherwise.
     """
 
     name: str
@@ -42,6 +48,7 @@ class ScheduleOutput:
     authorship: list[list[int]]
     handed_over: list[bool] | None = None
     settings: dict = field(default_factory=dict)
+    turns: list[int] | None = None
 
     def senior_token_fraction(self) -> float:
         """Share of all completion tokens written by the senior (NaN without tokens)."""
@@ -329,4 +336,114 @@ def step_schedule(
         authorship=authorship,
         handed_over=[p is not None for p in prefixes],
         settings={"kind": "steps", "first": first, "num_steps": num_steps},
+    )
+
+
+ALTERNATING = "alternating"
+"""The name of the paper's handoff protocol in ``results.json``."""
+
+STEP_STOP = ("\n\n",)
+"""What ends a reasoning step in the alternating protocol: a blank line (the authors' ``stop=["\\n\\n"]``)."""
+
+MAX_ROUNDS = 150
+"""Rounds (one senior turn and one junior turn each) before the alternating protocol gives up on a row; the
+authors' ``MAX_ROUNDS``."""
+
+
+def alternating_schedule(
+    prompts: Sequence[Sequence[int]],
+    senior: GenerationBackend,
+    junior: GenerationBackend,
+    tokenizer,
+    sampling: SamplingSettings,
+    *,
+    max_new_tokens: int,
+    stop: Sequence[str] = STEP_STOP,
+    max_rounds: int = MAX_ROUNDS,
+    seed: int = 0,
+    desc: str | None = None,
+) -> ScheduleOutput:
+    """Schedule (c), the paper's handoff protocol: senior first, then one reasoning step each, in turn.
+
+    Follows the authors' ``eval/handoff.py`` (CSSLab/Tandem-RLVR): each turn samples from the prompt plus everything
+    written so far until a stop string (kept in the completion; a blank line by default), the length cap
+    ``max_new_tokens`` is one budget for the whole completion (each turn may use what is left), and a row ends when
+    the budget is spent or a turn ends without the stop string (EOS: the model has answered). Otherwise the turn
+    passes to the other model. Rounds of one senior turn and one junior turn repeat up to ``max_rounds``; rows still
+    open then are counted in ``settings["unfinished_rows"]``.
+
+    Unlike the authors, who pass text between two engines and re-tokenize it every turn, the tokens written so far are
+    passed on as they are, so authorship is exact per token.
+
+    Args:
+        prompts: token-id prompts (chat template applied), one completion each (repeat rows for k samples).
+        senior: the senior's backend.
+        junior: the junior's backend.
+        tokenizer: the shared tokenizer (finds stop strings).
+        sampling: sampling settings of both models.
+        max_new_tokens: the shared budget of a completion, in tokens.
+        stop: strings that end a step (default: a blank line).
+        max_rounds: round cap (default 150, the authors').
+        seed: base seed; each turn's draws use ``derive_seed(seed, "alternating", round, author)``.
+        desc: progress-bar label prefix.
+
+    Returns:
+        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named ``"alternating"``, with authorship
+        per token, ``handed_over`` (the junior wrote something) and ``turns`` per row.
+
+    Raises:
+        ValueError: ``max_new_tokens < 1``, ``max_rounds < 1`` or no stop string.
+    """
+    if max_new_tokens < 1 or max_rounds < 1:
+        raise ValueError(f"max_new_tokens={max_new_tokens} and max_rounds={max_rounds} must be >= 1.")
+    if not stop or not all(stop):
+        raise ValueError(f"stop={list(stop)!r}: the protocol needs a non-empty string that ends a step.")
+    n = len(prompts)
+    ids: list[list[int]] = [[] for _ in range(n)]
+    authors: list[list[int]] = [[] for _ in range(n)]
+    turn = [SENIOR] * n
+    turns = [0] * n
+    done = [False] * n
+    for round_ in range(max_rounds):
+        moved = False
+        for author, backend in ((SENIOR, senior), (JUNIOR, junior)):
+            active = [i for i in range(n) if not done[i] and turn[i] == author]
+            if not active:
+                continue
+            moved = True
+            caps = [max_new_tokens - len(ids[i]) for i in active]
+            segments = backend.generate(
+                [list(prompts[i]) + ids[i] for i in active],
+                sampling,
+                max_new_tokens=caps,
+                seed=derive_seed(seed, ALTERNATING, round_, author),
+                desc=f"{desc or ALTERNATING} round {round_ + 1} {'senior' if author == SENIOR else 'junior'}",
+                stop=stop,
+            )
+            for i, segment, cap in zip(active, segments, caps, strict=True):
+                segment = list(segment[:cap])
+                ids[i] += segment
+                authors[i] += [author] * len(segment)
+                turns[i] += 1
+                at_stop = bool(segment) and stop_length(segment, tokenizer, stop) == len(segment)
+                if len(ids[i]) >= max_new_tokens or not at_stop:
+                    done[i] = True
+                else:
+                    turn[i] = 1 - author
+        if not moved:
+            break
+    return ScheduleOutput(
+        name=ALTERNATING,
+        completion_ids=ids,
+        authorship=authors,
+        handed_over=[JUNIOR in a for a in authors],
+        turns=turns,
+        settings={
+            "kind": ALTERNATING,
+            "first": "senior",
+            "stop": list(stop),
+            "max_rounds": max_rounds,
+            "budget_tokens": max_new_tokens,
+            "unfinished_rows": sum(not d for d in done),
+        },
     )
