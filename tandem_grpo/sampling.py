@@ -1,5 +1,6 @@
 """What every backend must agree on when it samples a tandem completion: the sampling settings, the truncation of
-the mixture, and the EOS ids.
+the mixture, the EOS ids, and how seeds are derived ([`derive_seed`][tandem_grpo.sampling.derive_seed], the one seed
+function of training and evaluation).
 
 The transformers loop ([`tandem_grpo.generation`][tandem_grpo.generation]), the vLLM logits processor
 ([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]), the vLLM client and the evaluation suite all take them
@@ -19,9 +20,29 @@ Where each setting acts (paper section 3; the mixture is
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from dataclasses import dataclass
 
 import torch
+
+
+def derive_seed(base: int, *parts: object) -> int:
+    """A 63-bit seed from a base seed and the coordinates of one random stream; the package's one seed function.
+
+    The seed is BLAKE2b (8 bytes) of ``repr((int(base), *parts))``: a pure function of its arguments, so nearby
+    coordinates give unrelated seeds and two coordinate tuples never collide by arithmetic (as ``seed + step`` would).
+    Training's streams (``tandem_grpo.trainer.rollout_seed``) and every evaluation draw use it.
+
+    Args:
+        base: the run's seed (any int).
+        *parts: the stream's coordinates, e.g. ``("coin", row)`` or a model path and a batch index; ints, strings
+            and tuples of them.
+
+    Returns:
+        An int in ``[0, 2**63)``; coin seeds keep its low 31 bits.
+    """
+    text = repr((int(base), *parts))
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,6 @@ and weights (:mod:`tandem_grpo.guards`).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import textwrap
 
@@ -54,7 +53,7 @@ from .junior import (
 )
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, derive_seed
 
 _STREAMS = ("coins", "tokens")
 _MODES = ("train", "eval")
@@ -85,8 +84,9 @@ def rollout_seed(
       num_iterations < gradient_accumulation_steps``, or one per batch in evaluation);
     - ``position``: the completion's row in this process's generation batch (``0`` for the token stream).
 
-    The coordinates are hashed together (BLAKE2b of their decimal text), so nearby coordinates give unrelated seeds
-    and two coordinate tuples never collide by arithmetic (as ``seed + step`` would); any int is a valid run seed.
+    The coordinates are hashed together by [`derive_seed`][tandem_grpo.sampling.derive_seed] (the package's one seed
+    function), so nearby coordinates give unrelated seeds and two coordinate tuples never collide by arithmetic (as
+    ``seed + step`` would); any int is a valid run seed.
 
     Returns:
         An int in ``[0, 2**63)``; coin seeds keep its low 31 bits.
@@ -96,9 +96,8 @@ def rollout_seed(
     """
     if stream not in _STREAMS or mode not in _MODES:
         raise ValueError(f"stream must be one of {_STREAMS} and mode one of {_MODES}; got {stream!r}, {mode!r}.")
-    coordinates = (int(run_seed), stream, mode, int(global_step), int(process_index), int(call_index), int(position))
-    text = "tandem-grpo/rollout-seed/v1|" + "|".join(map(str, coordinates))
-    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+    coordinates = (stream, mode, int(global_step), int(process_index), int(call_index), int(position))
+    return derive_seed(run_seed, "rollout", *coordinates)
 
 
 class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):

@@ -19,12 +19,11 @@ Teacher-forced scoring (legibility) runs on the transformers models whatever the
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Sequence
 
 import torch
 
-from ..sampling import SamplingSettings, default_eos_token_ids
+from ..sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
 BACKENDS = ("transformers", "vllm")
 """The backend names of ``tandem-grpo evaluate --backend``."""
@@ -32,12 +31,6 @@ BACKENDS = ("transformers", "vllm")
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 """Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
 GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.build_llm]."""
-
-
-def derive_seed(base: int, *parts: object) -> int:
-    """A 63-bit seed from ``base`` and a tag (e.g. model name, schedule, batch index), stable across runs."""
-    digest = hashlib.sha256(repr((base, *parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") & 0x7FFFFFFFFFFFFFFF
 
 
 def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | None = None) -> list[int]:
