@@ -26,12 +26,17 @@ the base (also the junior) once per seed, and the report folder (``<output_dir>/
 
 - ``results.json``: the study (command, versions, every arm's key settings and training summary), the comparison
   table per seed (and pooled over seeds) and every seed's full evaluation results;
-- ``report.md`` and ``report.html``: the comparison in the paper's layout, one row per measurement: solo pass@k,
-  handoff robustness (each schedule), drift KL, junior cross-entropy (legibility), the pass@k curve (coverage and
-  mean over the curve); for base, GRPO, tandem and KL-to-junior with bootstrap 95% intervals, and the paired
-  differences tandem - GRPO and KL-to-junior - GRPO. Intervals come from per-problem values
-  (``tandem_grpo.evaluation.metrics.bootstrap_mean`` over problems); drift and cross-entropy are pooled over all
-  tokens by the evaluation, which gives no per-problem values, so they have none;
+- ``report.md`` and ``report.html``: the comparison in the paper's layout, one row per measurement, for base,
+  GRPO, tandem and KL-to-junior and the differences tandem - GRPO and KL-to-junior - GRPO: solo pass@k; handoff
+  robustness per schedule (the paper's alternating protocol first, then the training rule and the step schedules:
+  pass@k and the senior's share of the tokens); drift from the base in excess of its null (the base's own two
+  halves) and the moved-back share in excess of its null; the junior's cross-entropy averaged as the authors do,
+  with its null and its paired difference from the junior on its own samples; reward-hacking detectors (repeated
+  4-gram share, share inside ``\\boxed{}``, cap rate); the pass@k curve (coverage and mean over the curve); then
+  the earlier pooled estimators, labelled as such. Every figure carries its 95% interval or says "no interval";
+  pass@k intervals and their differences are bootstrapped over problems here (paired), the other figures' intervals
+  and nulls are the evaluation's, and a figure an earlier results.json lacks reads "not measured"
+  (``tandem_grpo.evaluation.compare.comparison_rows`` lists every row and its source);
 - ``seed-<s>/``: the evaluation's own outputs (its ``results.json``, the PNG plots, ``samples.html`` with the
   authorship view, ``samples.jsonl``);
 - ``command.txt``: the exact command line and the package versions.
@@ -84,6 +89,7 @@ from tandem_grpo.data import INSTRUCTIONS, arithmetic_word_problems, load_math_d
 from tandem_grpo.evaluation.compare import (
     ARM_FIELDS,
     ARMS,
+    INTERVALS,
     LABELS,
     SHARED_FIELDS,
     arm_config,
@@ -570,9 +576,7 @@ def write_report(plan: Plan, evaluations: dict[int, dict], summaries: dict) -> d
     }
     comparison = {
         "confidence": confidence,
-        "intervals": "percentile bootstrap over problems (tandem_grpo.evaluation.metrics.bootstrap_mean); "
-        "differences are paired per problem. Drift and cross-entropy are pooled over tokens by the evaluation "
-        "(no per-problem values): no interval.",
+        "intervals": INTERVALS,
         "seeds": {str(s): comparison_table([per_seed_rows[s]], confidence, study.eval_seed) for s in study.seeds},
     }
     if len(study.seeds) > 1:

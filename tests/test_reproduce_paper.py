@@ -68,8 +68,20 @@ def _solo(correct: list[int], n: int = 2) -> dict:
     return {"num_samples": n, "correct_per_problem": correct, "pass_at_k_curve": {"k": [1, n]}}
 
 
+def _ci(value: float, half: float = 0.1) -> dict:
+    """An interval dict as the evaluation writes it."""
+    return {"value": value, "ci_low": value - half, "ci_high": value + half, "confidence": 0.95,
+            "ci_method": "made up", "num_problems": 3}  # fmt: skip
+
+
+def _hacks(i: int) -> dict:
+    return {"repeated_4gram_share": _ci(0.1 * i), "distinct_2": _ci(0.9), "boxed_share": _ci(0.01 * i),
+            "num_tokens": _ci(50.0), "cap_rate": _ci(0.2 + 0.1 * i, 0.05)}  # fmt: skip
+
+
 def _evaluation(shift: int = 0) -> dict:
-    """Made-up evaluation results of three problems, k = 2: the blocks the comparison reads."""
+    """Made-up evaluation results of three problems, k = 2, as results.json was before the nulls and intervals of
+    issue 19: the blocks the comparison reads, and no new key."""
     arms = {}
     for i, arm in enumerate(ARMS):
         arms[f"ckpt/{arm}"] = {
@@ -93,12 +105,60 @@ def _evaluation(shift: int = 0) -> dict:
     }
 
 
+def _new_evaluation(shift: int = 0) -> dict:
+    """``_evaluation`` with the blocks ``evaluate`` writes since issue 19: the alternating protocol and senior shares,
+    drift and moved-back with nulls, legibility averaged as the authors do with its null and paired difference, and
+    the hack detectors."""
+    results = _evaluation(shift)
+    for i, (path, entry) in enumerate(results["checkpoints"].items()):
+        entry["handoff"] = {
+            "alternating": _solo([2, i % 3, 0]) | {"senior_share": _ci(0.6 + 0.1 * i), "mean_turns": 3.0},
+            "word_p0.5": _solo([1, i % 3, 2]) | {"senior_share": _ci(0.5)},
+        }
+        entry["solo"]["hacks"] = _hacks(i)
+
+        def block(excess: float) -> dict:
+            return {"kl_nats": _ci(excess + 0.09), "null_kl_nats": _ci(0.09, 0.02), "excess_nats": _ci(excess)}
+
+        entry["drift_with_null"] = block(0.5 * (i + 1)) | {
+            "by_position": {"prefix_tokens": 8, "first": block(0.2), "rest": block(0.1 * (i + 1))}
+        }
+        if not path.endswith("grpo"):
+            entry["moved_back"] = {"fraction_moved_back": _ci(0.3 + 0.4 * (i - 1)), "null_fraction": _ci(0.59),
+                                   "excess": _ci(-0.29 + 0.4 * (i - 1))}  # fmt: skip
+        entry["legibility"] = {
+            "junior_cross_entropy": 1.0 + i,
+            "junior_cross_entropy_pooled": 1.1 + i,
+            "overlap": 0.9,
+            "overlap_pooled": 0.8,
+            "junior_cross_entropy_with_null": {"mean": _ci(1.0 + i), "null_half_difference": _ci(0.01, 0.03)},
+            "overlap_with_null": {"mean": _ci(0.9, 0.01), "null_half_difference": _ci(0.0, 0.01)},
+            "minus_junior_self": {"junior_cross_entropy": _ci(0.2 + i, 0.05) | {"value_a": 1.0 + i, "value_b": 0.8}},
+        }
+    results["junior"]["solo"]["hacks"] = _hacks(0)
+    results["junior"]["legibility_self"] = {
+        "junior_cross_entropy": 0.8,
+        "junior_cross_entropy_pooled": 0.85,
+        "overlap": None,
+        "junior_cross_entropy_with_null": {"mean": _ci(0.8), "null_half_difference": _ci(-0.02, 0.03)},
+        "overlap_with_null": None,
+    }
+    return results
+
+
+PATHS = {arm: f"ckpt/{arm}" for arm in ARMS}
+
+
+def _find(table: list[dict], start: str) -> dict:
+    return next(r for r in table if r["metric"].startswith(start))
+
+
 def test_comparison_rows_and_table_from_evaluation_results():
-    paths = {arm: f"ckpt/{arm}" for arm in ARMS}
-    rows = compare.comparison_rows(_evaluation(), paths)
-    assert [r["claim"] for r in rows] == ["solo capability"] * 3 + ["handoff robustness"] * 2 + ["drift"] * 4 + [
+    rows = compare.comparison_rows(_new_evaluation(), PATHS)
+    assert [r["claim"] for r in rows] == ["solo capability"] * 3 + ["handoff robustness"] * 6 + ["drift"] * 8 + [
         "legibility"
-    ] * 2 + ["pass@k curve"] * 2
+    ] * 5 + ["reward hacking"] * 3 + ["pass@k curve"] * 2
+    assert all(r["source"].startswith("<arm>.") for r in rows)
     accuracy = next(r for r in rows if r["metric"] == "mean accuracy")
     assert accuracy["kind"] == "per_problem" and accuracy["arms"]["base"] == [0.0, 0.5, 1.0]
     assert accuracy["arms"]["tandem"] == [0.5, 0.5, 0.0]
@@ -107,22 +167,133 @@ def test_comparison_rows_and_table_from_evaluation_results():
     assert row["arms"]["tandem"]["value"] == pytest.approx(1 / 3)
     assert row["differences"]["tandem - grpo"]["paired"] is True
     assert row["differences"]["tandem - grpo"]["value"] == pytest.approx(1 / 6)
-    drift = next(r for r in table if r["metric"] == "KL(model || base), nats")
+    drift = _find(table, "smoothed KL(model || base), nats, whole")
     assert drift["arms"]["base"] == {"value": 0.0, "ci_low": None, "ci_high": None}
     assert drift["differences"]["kl_to_junior - grpo"]["value"] == pytest.approx(0.2)
-    moved = next(r for r in table if r["metric"].startswith("share of GRPO"))
+    moved = _find(table, "share of GRPO's most-shifted tokens moved back (earlier")
     assert moved["arms"]["grpo"] is None and moved["differences"]["tandem - grpo"] is None
     # Pooled over two seeds: per-problem values averaged before the bootstrap, scalars averaged with their range.
-    pooled = compare.comparison_table([rows, compare.comparison_rows(_evaluation(shift=1), paths)], 0.95, seed=0)
+    pooled = compare.comparison_table([rows, compare.comparison_rows(_new_evaluation(shift=1), PATHS)], 0.95, seed=0)
     accuracy = next(r for r in pooled if r["metric"] == "mean accuracy")
     assert accuracy["arms"]["grpo"]["value"] == pytest.approx((0.25 + 0.5 + 0.0) / 3)
-    assert next(r for r in pooled if r["metric"] == "KL(model || base), nats")["seed_range"]["grpo"] == [0.1, 0.1]
+    assert _find(pooled, "smoothed KL(model || base), nats, whole")["seed_range"]["grpo"] == [0.1, 0.1]
+    # An estimate pooled over seeds is the mean of the seeds' values, without an interval.
+    assert _find(pooled, "excess drift")["arms"]["tandem"] == {
+        "value": pytest.approx(1.0), "ci_low": None, "ci_high": None, "null": {"value": pytest.approx(0.09),
+                                                                             "ci_low": None, "ci_high": None}
+    }  # fmt: skip
 
     header, cells = compare.table_rows(table)
     assert header[2:6] == ["base", "GRPO", "tandem", "KL-to-junior"] and len(cells) == len(table)
     markdown = compare.markdown_table(table)
     assert markdown.count("\n") == len(table) + 1 and "KL(model \\|\\| base)" in markdown
     assert compare.html_table(table).count("<tr>") == len(table) + 1
+
+
+def test_comparison_shows_the_new_figures_with_their_intervals_and_nulls():
+    table = compare.comparison_table([compare.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
+    metrics = [r["metric"] for r in table]
+    # The paper's protocol comes first among the schedules, then the training rule; each with the senior's share.
+    handoff = [m for r, m in zip(table, metrics, strict=True) if r["claim"] == "handoff robustness"]
+    assert handoff == [
+        "alternating (paper's protocol) pass@1", "alternating (paper's protocol) pass@2",
+        "alternating (paper's protocol) senior share of tokens", "word_p0.5 (training rule) pass@1",
+        "word_p0.5 (training rule) pass@2", "word_p0.5 (training rule) senior share of tokens",
+    ]  # fmt: skip
+    alternating = _find(table, "alternating (paper's protocol) pass@2")
+    assert alternating["arms"]["base"] is None and alternating["kind"] == "per_problem"
+    assert alternating["arms"]["grpo"]["value"] == pytest.approx(1 / 3)  # correct counts [2, 0, 0] of 2
+    assert alternating["differences"]["tandem - grpo"]["paired"] is True
+    assert alternating["source"] == "<arm>.handoff.alternating.correct_per_problem"
+    share = _find(table, "alternating (paper's protocol) senior share")
+    assert share["kind"] == "estimate" and share["source"] == "<arm>.handoff.alternating.senior_share"
+    assert share["arms"]["tandem"] == pytest.approx({"value": 0.7, "ci_low": 0.6, "ci_high": 0.8})
+    # Differences of the evaluation's estimates: the values' difference, without an interval (nothing to pair).
+    assert share["differences"]["tandem - grpo"] == {
+        "value": pytest.approx(0.1), "ci_low": None, "ci_high": None, "paired": False
+    }  # fmt: skip
+    # Drift: the excess over the base's own halves with its interval, the null beside it; by position.
+    excess = _find(table, "excess drift from base over null (binned KL, nats), whole completion")
+    assert excess["arms"]["base"] is None
+    null = pytest.approx({"value": 0.09, "ci_low": 0.07, "ci_high": 0.11})
+    assert excess["arms"]["kl_to_junior"] == {"value": 1.5, "ci_low": 1.4, "ci_high": 1.6, "null": null}
+    assert excess["source"] == "<arm>.drift_with_null.excess_nats (null: null_kl_nats)"
+    rest = _find(table, "excess drift from base over null (binned KL, nats), after token 8")
+    assert rest["arms"]["tandem"]["value"] == pytest.approx(0.2)
+    moved = _find(table, "share of GRPO's most-shifted tokens moved back, excess")
+    assert moved["arms"]["grpo"] is None and moved["differences"]["tandem - grpo"] is None
+    assert moved["arms"]["tandem"]["value"] == pytest.approx(-0.29)
+    assert moved["arms"]["kl_to_junior"]["null"]["value"] == pytest.approx(0.59)
+    # Legibility: the authors' averaging with its null (base: the junior on its own samples), the paired difference.
+    ce = _find(table, "junior cross-entropy, nats/token (authors' averaging)")
+    assert ce["arms"]["base"]["value"] == 0.8 and ce["arms"]["base"]["null"]["value"] == -0.02
+    assert ce["arms"]["tandem"]["value"] == 2.0 and ce["arms"]["tandem"]["ci_low"] == pytest.approx(1.9)
+    paired = _find(table, "junior cross-entropy minus the junior's on its own samples")
+    assert paired["arms"]["base"] is None
+    assert paired["arms"]["kl_to_junior"] == pytest.approx({"value": 2.2, "ci_low": 2.15, "ci_high": 2.25})
+    pooled = _find(table, "junior cross-entropy, nats/token, pooled over tokens")
+    assert pooled["arms"]["tandem"]["value"] == pytest.approx(2.1) and pooled["arms"]["base"]["value"] == 0.85
+    # Reward hacking: the solo completions' detectors, the base's from the junior's solo block.
+    cap = _find(table, "share of solo completions cut at the token cap")
+    assert cap["source"] == "<arm>.solo.hacks.cap_rate; base: junior.solo.hacks"
+    assert cap["arms"]["base"]["value"] == 0.2 and cap["arms"]["kl_to_junior"]["ci_high"] == pytest.approx(0.45)
+    assert _find(table, "repeated 4-gram share")["arms"]["tandem"]["value"] == pytest.approx(0.1)
+    assert _find(table, "share of the solo text inside")["arms"]["kl_to_junior"]["value"] == pytest.approx(0.02)
+    # Cells: every figure with its interval or "(no interval)", nulls beside the figure they belong to.
+    cells = dict(zip(metrics, compare.table_rows(table)[1], strict=True))
+    assert cells[excess["metric"]][5] == "1.500 [1.400, 1.600]; null 0.090 [0.070, 0.110]"
+    assert cells[excess["metric"]][6] == "0.500 (no interval)"
+    assert cells[share["metric"]][2] == "—"
+    assert cells[pooled["metric"]][4] == "2.100 (no interval)"
+    assert "not measured" not in compare.markdown_table(table)
+
+
+def test_comparison_of_an_earlier_results_json_shows_not_measured():
+    """Results written before issue 19's figures render: the new rows read "not measured", the earlier figures stay."""
+    table = compare.comparison_table([compare.comparison_rows(_evaluation(), PATHS)], 0.95, seed=0)
+    new_table = compare.comparison_table([compare.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
+    # The same headline rows as new results (word_p0.5 there, word here: the schedule's name as written).
+    assert [r["claim"] for r in table] == [r["claim"] for r in new_table]
+    for start in ("alternating (paper's protocol) pass@1", "word (training rule) senior share", "excess drift",
+                  "junior cross-entropy, nats/token (authors' averaging)", "share of solo completions cut",
+                  "repeated 4-gram share"):  # fmt: skip
+        row = _find(table, start)
+        assert row["arms"]["tandem"] == {"value": None, "ci_low": None, "ci_high": None, "note": "not measured"}
+        assert row["differences"]["tandem - grpo"]["note"] == "not measured"
+    assert _find(table, "alternating (paper's protocol) pass@1")["arms"]["base"] is None
+    assert _find(table, "share of solo completions cut")["arms"]["base"]["note"] == "not measured"
+    # The earlier figures are still read: the pooled cross-entropy was stored under "junior_cross_entropy".
+    pooled = _find(table, "junior cross-entropy, nats/token, pooled over tokens")
+    assert pooled["arms"]["tandem"]["value"] == 2.0 and pooled["arms"]["base"]["value"] == 0.8
+    word = _find(table, "word (training rule) pass@1")  # correct counts [1, 1, 2] of 2
+    assert word["arms"]["tandem"]["value"] == pytest.approx(2 / 3)
+    markdown = compare.markdown_table(table)
+    assert "| excess drift from base over null (binned KL, nats), whole completion | — | not measured |" in markdown
+    study = {
+        "study": {"preset": "cpu-small", "base": "base", "seeds": [1], "command": "reproduce_paper.py",
+                  "arms": {arm: {"training": {"1": None}} for arm in ARMS}},
+        "comparison": {"confidence": 0.95, "seeds": {"1": table}},
+    }  # fmt: skip
+    report = compare.markdown_report(study)
+    assert "not measured" in report and "## Where each row comes from" in report
+    assert "`<arm>.drift_with_null.excess_nats (null: null_kl_nats)`" in report
+    assert "not measured" in compare.html_report(study)
+
+
+def test_the_committed_cpu_small_results_still_render():
+    """results/cpu-small/results.json was written before the nulls and intervals: its table renders."""
+    path = Path(__file__).resolve().parents[1] / "results" / "cpu-small" / "results.json"
+    if not path.is_file():
+        pytest.skip(f"{path} missing")
+    evaluation = json.loads(path.read_text())["evaluation"]["1"]
+    paths = dict(zip(ARMS, evaluation["checkpoints"], strict=True))
+    table = compare.comparison_table([compare.comparison_rows(evaluation, paths)], 0.95, seed=0)
+    cells = dict(zip([r["metric"] for r in table], compare.table_rows(table)[1], strict=True))
+    assert cells["pass@1"][3] == "0.037 [0.000, 0.075]"
+    assert cells["excess drift from base over null (binned KL, nats), whole completion"][3] == "not measured"
+    assert cells["smoothed KL(model || base), nats, whole completion (earlier estimator, no null)"][3] == (
+        "0.615 (no interval)"
+    )
 
 
 def test_training_summary_splits_the_kl_term_from_the_policy_loss():
@@ -240,8 +411,9 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     results = json.loads((report / "results.json").read_text())
     table = results["comparison"]["seeds"]["1"]
     assert {row["claim"] for row in table} == {
-        "solo capability", "handoff robustness", "drift", "legibility", "pass@k curve"
+        "solo capability", "handoff robustness", "drift", "legibility", "reward hacking", "pass@k curve"
     }  # fmt: skip
+    assert results["comparison"]["intervals"] == compare.INTERVALS
     solo = next(row for row in table if row["metric"] == "pass@1")
     assert set(solo["arms"]) == {"base", "grpo", "tandem", "kl_to_junior"}
     assert all(
@@ -249,8 +421,28 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     )
     for key in ("tandem - grpo", "kl_to_junior - grpo"):
         assert solo["differences"][key]["paired"] is True and "ci_low" in solo["differences"][key]
-    drift = next(row for row in table if row["claim"] == "drift")
-    assert drift["arms"]["base"]["value"] == 0.0 and drift["differences"]["tandem - grpo"]["ci_low"] is None
+    smoothed = next(row for row in table if row["metric"].startswith("smoothed KL"))
+    assert smoothed["arms"]["base"]["value"] == 0.0 and smoothed["differences"]["tandem - grpo"]["ci_low"] is None
+    # The evaluation's new figures reach the table with their intervals and nulls (k = 2: the moved-back share, which
+    # needs 4 samples per problem, is not measured).
+    by_metric = {row["metric"]: row for row in table}
+    excess = by_metric["excess drift from base over null (binned KL, nats), whole completion"]
+    assert all(excess["arms"][a]["ci_low"] is not None and "null" in excess["arms"][a] for a in ARMS)
+    assert excess["differences"]["tandem - grpo"]["paired"] is False
+    moved = by_metric["share of GRPO's most-shifted tokens moved back, excess over null"]
+    assert moved["arms"]["tandem"]["note"] == "not measured" and moved["arms"]["grpo"] is None
+    alternating = by_metric["alternating (paper's protocol) pass@1"]
+    assert all(alternating["arms"][a]["ci_low"] is not None for a in ARMS)
+    share = by_metric["alternating (paper's protocol) senior share of tokens"]["arms"]["tandem"]
+    assert share["ci_low"] <= share["value"] <= share["ci_high"] <= 1.0
+    ce = by_metric["junior cross-entropy, nats/token (authors' averaging)"]
+    assert all(ce["arms"][a]["ci_low"] is not None and "null" in ce["arms"][a] for a in ("base", *ARMS))
+    paired = by_metric["junior cross-entropy minus the junior's on its own samples, nats/token (paired)"]
+    assert paired["arms"]["base"] is None and paired["arms"]["tandem"]["ci_low"] is not None
+    cap = by_metric["share of solo completions cut at the token cap"]
+    assert all(cap["arms"][a]["ci_low"] is not None for a in ("base", *ARMS))
+    markdown = (report / "report.md").read_text()
+    assert "## Where each row comes from" in markdown and "; null " in markdown
     training = results["study"]["arms"]
     assert training["kl_to_junior"]["training"]["1"]["beta"] == 0.04
     assert training["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
