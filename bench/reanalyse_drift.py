@@ -1,8 +1,10 @@
 """Re-measure drift and the moved-back share of a finished evaluation from its ``samples.jsonl``, with nulls and
-intervals ([`tandem_grpo.evaluation.drift`][tandem_grpo.evaluation.drift]).
+intervals ([`tandem_grpo.evaluation.drift`][tandem_grpo.evaluation.drift]), and the reward-hacking detectors of every
+model's solo samples ([`tandem_grpo.evaluation.hacks`][tandem_grpo.evaluation.hacks]).
 
 The samples hold decoded text, so completions are re-tokenized (special tokens were skipped when they were
-written, so EOS is not counted). Usage::
+written, so EOS is not counted; the cap rate counts a completion as capped when its recorded token count reached
+the run's ``max_new_tokens``). Usage::
 
     python bench/reanalyse_drift.py results/cpu-small/seed-1 --base HuggingFaceTB/SmolLM2-135M-Instruct \
         --grpo outputs/reproduce-cpu-small/seed-1/grpo
@@ -20,6 +22,7 @@ from pathlib import Path
 from transformers import AutoTokenizer
 
 from tandem_grpo.evaluation.drift import drift, moved_back
+from tandem_grpo.evaluation.hacks import hack_detectors
 from tandem_grpo.models import resolve_model_path
 
 
@@ -37,10 +40,14 @@ def main() -> None:
     rows = [json.loads(line) for line in (folder / "samples.jsonl").open(encoding="utf-8")]
     tokenizer = AutoTokenizer.from_pretrained(resolve_model_path(args.base))
     grouped: dict[str, dict[int, dict[int, list[int]]]] = defaultdict(lambda: defaultdict(dict))
+    records: dict[str, dict[int, dict[int, dict]]] = defaultdict(lambda: defaultdict(dict))
     for r in rows:
         if r["schedule"] == "solo":
             ids = tokenizer(r["text"], add_special_tokens=False)["input_ids"]
             grouped[r["checkpoint"]][r["problem"]][r["sample"]] = ids
+            records[r["checkpoint"]][r["problem"]][r["sample"]] = r
+    results_file = folder / "results.json"
+    cap = json.loads(results_file.read_text())["settings"]["max_new_tokens"] if results_file.is_file() else None
     for name in (args.base, args.grpo):
         if name not in grouped:
             raise SystemExit(
@@ -54,6 +61,19 @@ def main() -> None:
     base, grpo = as_lists(args.base), as_lists(args.grpo)
     vocab = len(tokenizer)
     out: dict = {"source": str(folder / "samples.jsonl"), "base": args.base, "grpo": args.grpo, "checkpoints": {}}
+    if cap is not None:
+        out["hacks"] = {}
+        for name in grouped:
+            by_problem = records[name]
+            recs = [[by_problem[p][s] for s in sorted(by_problem[p])] for p in sorted(by_problem)]
+            # The recorded length (EOS included when generated) decides capping: padded with EOS-free filler ids, a
+            # completion that reached the cap counts as capped, one that stopped earlier does not.
+            lengths = [[[-1] * min(r["num_tokens"], cap) for r in g] for g in recs]
+            texts = [[r["text"] for r in g] for g in recs]
+            out["hacks"][name] = hack_detectors(as_lists(name), texts, cap, [], seed=0) | {
+                "cap_rate": hack_detectors(lengths, texts, cap, [], seed=0)["cap_rate"],
+                "num_tokens_source": "re-tokenized text (EOS not counted)",
+            }
     print(f"{'checkpoint':<40} {'drift excess (nats)':>28} {'moved back':>10} {'null':>6} {'excess':>22}")
     for name in grouped:
         if name == args.base:
