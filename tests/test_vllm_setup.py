@@ -168,3 +168,23 @@ def test_cpu_engines_get_an_explicit_kv_cache(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert not cpu_kv_cache_default({})
     assert CPU_KV_CACHE_BYTES >= 1 << 30
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
+        ["--watermark-config", '{"key": 1}'],
+        ["--watermark_config={}"],
+        ["--attention-config", '{"hisparse_config": {"topk": 4}}'],
+    ],
+)
+def test_vllm_serve_refuses_model_runner_v2_flags_before_anything_loads(flags):
+    """The server forwards unknown flags to ``vllm serve``: one that forces Model Runner V2 is refused first (the
+    model named here does not exist, so getting past the check would raise another error)."""
+    from tandem_grpo.vllm.serve import server_command
+
+    with pytest.raises(ValueError, match=r"is set, but .*V1 model runner"):
+        server_command(["--model", "/nonexistent/model", *flags])
+    # An attention config that does not force V2 passes the check (and then fails on the missing model).
+    with pytest.raises(OSError):
+        server_command(["--model", "/nonexistent/model", "--attention-config", '{"backend": null}'])

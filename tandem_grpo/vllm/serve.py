@@ -44,19 +44,44 @@ class TandemServeArguments:
     )
 
 
+def _engine_options(extra_args: list[str]) -> dict:
+    """The ``vllm serve`` flags among ``extra_args`` that decide the model runner, as ``vllm.LLM`` keyword arguments
+    (``--watermark-config``, ``--attention-config``; both spellings, ``--flag value`` or ``--flag=value``)."""
+    import json
+
+    options: dict = {}
+    for i, arg in enumerate(extra_args):
+        if not arg.startswith("--"):
+            continue
+        name, _, value = arg[2:].partition("=")
+        name = name.replace("-", "_")
+        if name not in ("watermark_config", "attention_config"):
+            continue
+        if not value and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("--"):
+            value = extra_args[i + 1]
+        try:
+            options[name] = json.loads(value) if value else {}
+        except json.JSONDecodeError:
+            options[name] = value
+    return options
+
+
 def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_args: list[str] | None = None):
     """``(script_args, extra_args)`` for TRL's ``main``: the model resolved to a loadable path and the tandem flags
     appended to ``extra_args``.
 
     Raises:
-        ValueError: the junior's vocabulary differs from the senior's.
+        ValueError: the junior's vocabulary differs from the senior's, or a flag forces vLLM's Model Runner V2
+            (``tandem_grpo.vllm._compat.check_v1_runner_options``).
         ImportError: vLLM missing or older than the minimum version.
     """
     import json
 
     from ..models import resolve_model_path
+    from ._compat import check_v1_runner_options
     from .engine import engine_kwargs
 
+    check_v1_runner_options(_engine_options(extra_args or []))
     script_args.model = resolve_model_path(script_args.model)
     if script_args.vllm_model_impl == "transformers":
         raise ValueError("--vllm_model_impl transformers cannot host the tandem model; use vllm (the default).")
