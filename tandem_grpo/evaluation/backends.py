@@ -44,6 +44,19 @@ def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | No
     return out
 
 
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it.
+
+    Returns:
+        ``(input_ids, attention_mask)``, long ``[B, P]`` with ``P`` the longest prompt; padding is ``pad_token_id``
+        with mask 0 on the left of each row.
+    """
+    width = max(len(p) for p in prompts)
+    input_ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
+    attention_mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(input_ids, dtype=torch.long), torch.tensor(attention_mask, dtype=torch.long)
+
+
 def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | None:
     """The number of leading tokens of ``ids`` whose text first contains one of ``stop``, or ``None`` if it never does.
 
@@ -191,9 +204,8 @@ class TransformersBackend(GenerationBackend):
         for b, start in enumerate(range(0, len(prompts), self.batch_size)):
             batch = [list(p) for p in prompts[start : start + self.batch_size]]
             batch_caps = caps[start : start + self.batch_size]
-            width = max(len(p) for p in batch)
-            input_ids = torch.tensor([[self.pad_token_id] * (width - len(p)) + p for p in batch], dtype=torch.long)
-            attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
+            input_ids, attention_mask = left_pad(batch, self.pad_token_id)
+            width = input_ids.shape[1]
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 torch.manual_seed(derive_seed(seed, b))
                 generated = self.model.generate(

@@ -24,7 +24,7 @@ import torch
 
 from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed, stop_length
+from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed, left_pad, stop_length
 from .steps import handover_region
 
 
@@ -113,9 +113,7 @@ def word_handoff_schedule(
     authors_out: list[list[int]] = []
     for b, start in enumerate(range(0, len(prompts), batch_size)):
         batch = [list(p) for p in prompts[start : start + batch_size]]
-        width = max(len(p) for p in batch)
-        input_ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in batch], dtype=torch.long)
-        attention_mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch], dtype=torch.long)
+        input_ids, attention_mask = left_pad(batch, pad_token_id)
         seeds = torch.tensor([derive_seed(seed, "coin", start + i) for i in range(len(batch))], dtype=torch.long)
         generator = torch.Generator(device=device).manual_seed(derive_seed(seed, "tokens", b))
         out = tandem_generate(
