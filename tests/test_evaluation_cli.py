@@ -12,9 +12,10 @@ import torch
 from conftest import SHARED_DATA, save_tiny_llamas
 from transformers import AutoModelForCausalLM
 
+from tandem_grpo.evaluation import runner
 from tandem_grpo.evaluation.cli import build_parser, main
 from tandem_grpo.evaluation.report import SampleView, render_samples_html, write_results_json
-from tandem_grpo.evaluation.runner import EvaluationConfig
+from tandem_grpo.evaluation.runner import EvaluationConfig, EvaluationError
 from tandem_grpo.sampling import SamplingSettings
 
 GSM8K_TEST = SHARED_DATA / "gsm8k" / "test.jsonl"
@@ -85,6 +86,15 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
             est = block[key]
             assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
         assert len(block["correct_per_problem"]) == 3
+        # One benchmark: its block and the macro average are the pooled figures, interval included.
+        assert list(block["by_benchmark"]) == [gsm8k_three] and block["macro"]["benchmarks"] == [gsm8k_three]
+        for key in ("pass@1", "pass@2", "mean_accuracy"):
+            for part in (block["by_benchmark"][gsm8k_three][key], block["macro"][key]):
+                assert (part["value"], part["ci_low"], part["ci_high"]) == (
+                    block[key]["value"], block[key]["ci_low"], block[key]["ci_high"]
+                )  # fmt: skip
+    assert settings["dataset"] == [gsm8k_three] and settings["num_problems_by_benchmark"] == {gsm8k_three: 3}
+    assert settings["preset"] is None and settings["preset_settings"] is None
     assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
     # Who wrote what, per schedule, with intervals over problems; the paper's protocol always starts with the senior.
     for block in entry["handoff"].values():
@@ -114,6 +124,7 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
         assert leg[name]["null_half_difference"]["num_problems"] == 3
     assert leg["junior_cross_entropy_with_null"]["mean"]["value"] == pytest.approx(leg["junior_cross_entropy"])
     assert leg["macro"]["junior_cross_entropy"] == pytest.approx(leg["junior_cross_entropy"])
+    assert leg["by_benchmark"][gsm8k_three]["overlap"] == pytest.approx(leg["overlap"])
     own = results["junior"]["legibility_self"]
     diff = leg["minus_junior_self"]["junior_cross_entropy"]
     assert diff["value"] == pytest.approx(leg["junior_cross_entropy"] - own["junior_cross_entropy"])
@@ -188,6 +199,10 @@ def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, 
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     err = _run_error([*common, "--junior", str(tmp_path / "no-such-model")], capsys)
     assert "no-such-model" in err
+    # An unknown name among several datasets: named, with the list it was in, before any model loads.
+    several = ["--dataset", gsm8k_three, "nosuch_benchmark", "--output_dir", str(tmp_path / "o")]
+    err = _run_error(["--checkpoints", tiny_dirs["tandem"], "--junior", tiny_dirs["base"], *several], capsys)
+    assert f"--dataset 'nosuch_benchmark' (of {gsm8k_three}, nosuch_benchmark)" in err and err.count("\n") == 1
 
 
 def test_parser_defaults_are_the_config_defaults():
@@ -218,6 +233,7 @@ def test_usage_errors_are_one_line(capsys, no_model_loading):
         (["--checkpoints", "a", "--junior", "j", "--measurements", "speed"], "Unknown measurement(s) ['speed']"),
         (["--checkpoints", "a", "--junior", "j", "--pass_at_k_curve_max", "0"], "--pass_at_k_curve_max 0"),
         (["--checkpoints", "a", "--junior", "j", "--drift_prefix_tokens", "0"], "--drift_prefix_tokens 0"),
+        (["--checkpoints", "a", "--junior", "j", "--preset", "fast"], "--preset 'fast': no such preset; choose one"),
     ]:
         err = _run_error(args, capsys)
         assert expected in err and err.startswith("tandem-grpo evaluate: error: ") and err.count("\n") == 1, err
@@ -228,6 +244,90 @@ def test_vocabulary_mismatch_is_reported(tiny_dirs, gsm8k_three, tiny_model_dirs
     args = ["--checkpoints", tiny_dirs["tandem"], "--junior", other_vocab, "--dataset", gsm8k_three]
     err = _run_error([*args, "--output_dir", str(tmp_path / "o")], capsys)
     assert "different vocabularies" in err and tiny_dirs["tandem"] in err and other_vocab in err
+
+
+def _hand_pass_at_k(counts: list[int], n: int, k: int) -> float:
+    """Mean over problems of the unbiased pass@k, computed here from the correct counts."""
+    return sum(1.0 - math.comb(n - c, k) / math.comb(n, k) for c in counts) / len(counts)
+
+
+def test_two_benchmarks_macro_average_and_paper_preset(tiny_dirs, gsm8k_three, tmp_path, capsys, monkeypatch):
+    """Two benchmarks in one run: each benchmark's pass@k and their plain mean (the authors' macro), ``--limit``
+    per benchmark, and ``--preset paper`` with an explicit ``--temperature 1.0`` that wins over it."""
+    math_one = tmp_path / "math1.jsonl"
+    math_one.write_text(json.dumps({"problem": "What is $2+3$?", "answer": "5"}) + "\n", encoding="utf-8")
+    # A random tiny model is never right: score every third row correct instead, so that the benchmarks differ
+    # (and the macro differs from the pooled figure). The estimators see the verdicts only.
+    monkeypatch.setattr(runner, "_score", lambda tok, completions, golds, cap: [i % 3 == 0 for i in
+                                                                              range(len(completions))])  # fmt: skip
+    out = tmp_path / "results"
+    args = ["--checkpoints", tiny_dirs["tandem"], "--junior", tiny_dirs["base"], "--dataset", gsm8k_three]
+    args += [str(math_one), "--limit", "2", "--preset", "paper", "--temperature", "1.0", "--max_new_tokens", "8"]
+    args += ["--schedules", "word", "--measurements", "handoff", "legibility", "--output_dir", str(out)]
+    assert main([*args, "--no_progress", "--num_html_samples", "1"]) == 0
+    results = json.loads((out / "results.json").read_text())
+    names = [gsm8k_three, str(math_one)]
+    settings = results["settings"]
+    assert settings["dataset"] == names and settings["num_problems_by_benchmark"] == {names[0]: 2, names[1]: 1}
+    # The preset's settings land in results.json; the flags given explicitly win.
+    assert settings["sampling"] == {"temperature": 1.0, "top_p": 0.8, "top_k": 20, "min_p": 0.0,
+                                    "repetition_penalty": 1.0}  # fmt: skip
+    assert (settings["k"], settings["pass_at"], settings["max_new_tokens"]) == (8, [1, 2, 4, 8], 8)
+    assert settings["preset"] == "paper" and settings["max_rounds"] == 150
+    record = settings["preset_settings"]
+    assert record["given"] == {"temperature": 1.0, "max_new_tokens": 8}
+    assert record["applied"]["k"] == 8 and record["applied"]["top_p"] == 0.8 and "temperature" not in record["applied"]
+    entry = results["checkpoints"][tiny_dirs["tandem"]]
+    for block in (entry["solo"], entry["handoff"]["word_p0.5"], results["junior"]["solo"]):
+        by_benchmark, macro = block["by_benchmark"], block["macro"]
+        assert list(by_benchmark) == names and macro["benchmarks"] == names
+        counts = {b: by_benchmark[b]["correct_per_problem"] for b in names}
+        assert counts[names[0]] + counts[names[1]] == block["correct_per_problem"] == [3, 3, 2]
+        for k in (1, 2, 4, 8):
+            per_benchmark = [_hand_pass_at_k(counts[b], 8, k) for b in names]
+            for b, value in zip(names, per_benchmark, strict=True):
+                assert by_benchmark[b][f"pass@{k}"]["value"] == pytest.approx(value)
+            est = macro[f"pass@{k}"]
+            assert est["value"] == pytest.approx(sum(per_benchmark) / 2)
+            assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
+            assert "stratified by benchmark" in est["ci_method"]
+        accuracy = [sum(counts[b]) / (8 * len(counts[b])) for b in names]
+        assert macro["mean_accuracy"]["value"] == pytest.approx(sum(accuracy) / 2)
+        # Pooled over the 3 problems (8 of 24 rows correct), not the macro's (6/16 + 2/8) / 2.
+        assert block["mean_accuracy"]["value"] == pytest.approx(8 / 24) and accuracy == [6 / 16, 2 / 8]
+    # Legibility: each benchmark's mean over its CoTs (rows 0-15: the first benchmark, 16-23: the second), then the
+    # plain mean over the two.
+    leg = entry["legibility"]
+    for metric in ("junior_cross_entropy", "overlap"):
+        values = leg["per_completion"][metric]
+        means = [sum(part) / len(part) for part in ([v for v in values[:16] if v is not None],
+                                                   [v for v in values[16:] if v is not None])]  # fmt: skip
+        assert [leg["by_benchmark"][b][metric] for b in names] == pytest.approx(means)
+        assert leg["macro"][metric] == pytest.approx(sum(means) / 2)
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert {(r["problem"], r["benchmark"]) for r in records} == {(0, names[0]), (1, names[0]), (2, names[1])}
+    printed = capsys.readouterr().out
+    assert "Preset paper: temperature 1, top_p 0.8, top_k 20, k 8" in printed
+    assert "macro over 2 benchmarks: pass@1 " in printed and f"{names[1]} (1 problem): pass@1 0.250" in printed
+
+
+def test_preset_precedence_without_models():
+    """The command line: flags given win over the preset. Python: values other than the defaults win."""
+    config = build_parser().parse_config(["--checkpoints", "a", "--preset", "paper", "--temperature", "1.0"])
+    assert config.sampling == SamplingSettings(temperature=1.0, top_p=0.8, top_k=20)
+    assert (config.k, config.max_new_tokens, config.max_rounds) == (8, 3000, 150)
+    config = build_parser().parse_config(["--checkpoints", "a", "--preset=paper", "--k=2"])
+    assert config.k == 2 and config.sampling.temperature == 0.7
+    config = EvaluationConfig(checkpoints=["a"], junior="j", preset="paper", k=2, dataset="gsm8k")
+    config.validate()
+    assert config.k == 2 and config.sampling == SamplingSettings(temperature=0.7, top_p=0.8, top_k=20)
+    assert config.dataset == "gsm8k" and config.to_dict()["dataset"] == ["gsm8k"]  # a string keeps working
+    config.validate()  # applied once: validating again changes nothing
+    assert config.to_dict()["preset_settings"]["given"] == {"k": 2}
+    with pytest.raises(EvaluationError, match=r"^--preset 'fast': no such preset; choose one of: paper\.$"):
+        EvaluationConfig(checkpoints=["a"], junior="j", preset="fast").validate()
+    with pytest.raises(EvaluationError, match="more than once"):
+        EvaluationConfig(checkpoints=["a"], junior="j", dataset=["gsm8k", "gsm8k"]).validate()
 
 
 def test_report_writers(tmp_path):

@@ -10,7 +10,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tandem_grpo.evaluation.legibility_intervals import cot_mean, macro_average, paired_difference
+from tandem_grpo.evaluation.legibility_intervals import benchmark_means, cot_mean, macro_average, paired_difference
 from tandem_grpo.evaluation.metrics import legibility
 
 EOS = (1, 2)
@@ -168,3 +168,12 @@ def test_macro_average_is_the_mean_over_benchmarks():
     assert macro_average({"aime24": 1.0, "amc23": 2.0, "math500": 6.0}) == pytest.approx(3.0)
     assert macro_average({"aime24": 1.5, "empty": None, "nan": float("nan")}) == 1.5
     assert macro_average({}) is None
+
+
+def test_benchmark_means_are_each_benchmarks_mean_over_its_cots():
+    values = [[1.0, None], [3.0, 5.0], [float("nan"), None], [2.0, 4.0]]
+    means = benchmark_means(values, ["a", "a", "b", "c"])
+    assert means == {"a": pytest.approx(3.0), "b": None, "c": pytest.approx(3.0)}  # b: nothing scored
+    assert macro_average(means) == pytest.approx(3.0)
+    with pytest.raises(ValueError, match="3 benchmark names for 4 problems"):
+        benchmark_means(values, ["a", "a", "b"])

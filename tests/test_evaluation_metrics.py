@@ -12,9 +12,11 @@ from transformers import LlamaConfig, LlamaForCausalLM
 from tandem_grpo.evaluation.metrics import (
     bootstrap_mean,
     capability,
+    capability_by_benchmark,
     drift_reversal,
     kl_divergence,
     legibility,
+    macro_bootstrap_mean,
     marginal_kl,
     marginal_kl_by_position,
     masked_overlap,
@@ -91,6 +93,36 @@ def test_capability_means_over_problems():
         capability(correct, ks=[6])
     with pytest.raises(ValueError, match="empty"):
         capability([], ks=[1])
+
+
+def test_capability_by_benchmark_is_the_authors_macro():
+    T, F = True, False
+    # Benchmark a: c = 1 and 2 of 4 (pass@1 1/4, 1/2); b: c = 4 of 4 (pass@1 1). Pooled pass@1 (1/4 + 1/2 + 1) / 3.
+    correct = [[T, F, F, F], [T, T, F, F], [T, T, T, T]]
+    out = capability_by_benchmark(correct, ["a", "a", "b"], ks=[1, 2], seed=5)
+    assert list(out["by_benchmark"]) == ["a", "b"] and out["macro"]["benchmarks"] == ["a", "b"]
+    assert out["by_benchmark"]["a"]["correct_per_problem"] == [1, 2]
+    assert out["by_benchmark"]["a"] == capability(correct[:2], ks=[1, 2], seed=5)
+    assert out["macro"]["pass@1"]["value"] == pytest.approx(((1 / 4 + 1 / 2) / 2 + 1.0) / 2)
+    assert out["macro"]["pass@2"]["value"] == pytest.approx(((1 / 2 + 5 / 6) / 2 + 1.0) / 2)
+    assert out["macro"]["mean_accuracy"]["value"] == pytest.approx((3 / 8 + 1.0) / 2)
+    macro = out["macro"]["pass@1"]
+    assert macro["ci_low"] <= macro["value"] <= macro["ci_high"] and macro["num_problems"] == 3
+    # One benchmark: the macro is that benchmark's (and the pooled) estimate, interval included.
+    many = [[i % 2 == 0, i % 3 == 0, i % 5 == 0, False] for i in range(20)]
+    single = capability_by_benchmark(many, ["a"] * 20, ks=[1, 2], seed=5)
+    pooled = capability(many, ks=[1, 2], seed=5)
+    for key in ("pass@1", "pass@2", "mean_accuracy"):
+        assert single["by_benchmark"]["a"][key] == pooled[key]
+        assert {**single["macro"][key], "ci_method": ""} == {**pooled[key], "ci_method": ""}
+    # Stratified by benchmark: each resample keeps every benchmark's size, so two constant benchmarks give a
+    # point interval at their plain mean (a bootstrap over the pooled problems would vary the mix).
+    est = macro_bootstrap_mean({"a": [1.0, 1.0, 1.0], "b": [0.0]})
+    assert (est.value, est.low, est.high) == (0.5, 0.5, 0.5) and "stratified" in est.method
+    with pytest.raises(ValueError, match="2 benchmark names for 3 problems"):
+        capability_by_benchmark(correct, ["a", "b"], ks=[1])
+    with pytest.raises(ValueError, match="no problems"):
+        macro_bootstrap_mean({"a": [1.0], "b": []})
 
 
 def test_pass_at_k_curve_hand_values():

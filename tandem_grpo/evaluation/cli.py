@@ -8,6 +8,13 @@ Example (SmolLM2 evaluated against itself on 100 GSM8K test problems, 4 samples 
     tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
         --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k --split test --limit 100 --k 4 \\
         --output_dir results/smollm2-self
+
+Two benchmarks with the paper authors' decoding (``--preset paper``: temperature 0.7, top-p 0.8, top-k 20, 8 samples,
+3000 new tokens), 50 problems of each; the summary adds each benchmark's pass@k and their macro average:
+
+    tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
+        --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k math500 --split test --limit 50 \\
+        --preset paper --output_dir results/smollm2-paper
 """
 
 from __future__ import annotations
@@ -85,15 +92,31 @@ class EvaluateParser(HfArgumentParser):
         (a missing, unknown or malformed flag)."""
         raise EvaluationError(f"{message} (see --help)")
 
+    def given_flags(self, argv: list[str]) -> set[str]:
+        """The destinations (field names) of the flags that appear in ``argv``, as ``--flag value`` or
+        ``--flag=value`` (any of a flag's spellings; abbreviations are refused by the parser)."""
+        options = {option: action.dest for action in self._actions for option in action.option_strings}
+        given = set()
+        for token in argv:
+            if token == "--":
+                break
+            name = token.split("=", 1)[0]
+            if name in options:
+                given.add(options[name])
+        return given
+
     def parse_config(self, argv: list[str] | None = None) -> EvaluationConfig:
         """Parse ``argv`` (default: ``sys.argv[1:]``) into the run's
-        [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig].
+        [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig], with ``--preset`` applied: the
+        flags given in ``argv`` win over the preset's values
+        ([`apply_preset`][tandem_grpo.evaluation.runner.EvaluationConfig.apply_preset]).
 
         Raises:
-            EvaluationError: a missing, unknown or malformed flag, or invalid sampling settings (named). The
-                other values are checked when the run starts, by
+            EvaluationError: a missing, unknown or malformed flag, an unknown preset, or invalid sampling settings
+                (named). The other values are checked when the run starts, by
                 [`EvaluationConfig.validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate].
         """
+        argv = sys.argv[1:] if argv is None else list(argv)
         values = vars(self.parse_args(argv))
         skip = values.pop("skip")
         try:
@@ -102,6 +125,7 @@ class EvaluateParser(HfArgumentParser):
             raise EvaluationError(f"--{err}") from err
         config = EvaluationConfig(**values, sampling=sampling)
         config.measurements = [m for m in config.measurements if m not in skip]
+        config.apply_preset(given=self.given_flags(argv))
         return config
 
 
@@ -132,16 +156,45 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def _passes(block: dict, ks: list[int]) -> str:
+    return ", ".join(f"pass@{k} {block[f'pass@{k}']['value']:.3f}" for k in ks)
+
+
+def _benchmark_lines(block: dict, ks: list[int], indent: str) -> list[str]:
+    """With several benchmarks: the macro average of ``block``'s pass@k and one line per benchmark (nothing for one
+    benchmark, or for results written before ``by_benchmark`` existed)."""
+    by_benchmark = block.get("by_benchmark") or {}
+    if len(by_benchmark) < 2:
+        return []
+    lines = [f"{indent}macro over {len(by_benchmark)} benchmarks: {_passes(block['macro'], ks)}"]
+    for bench, figures in by_benchmark.items():
+        n = figures["pass@1"]["num_problems"]
+        lines.append(f"{indent}  {bench} ({n} problem{'s' * (n != 1)}): {_passes(figures, ks)}")
+    return lines
+
+
 def _summary(results: dict) -> str:
     ks = results["settings"]["pass_at"]
     lines = [f"Results in {results['outputs'].get('results')} ({results['timing_seconds']['total']:.0f} s)"]
+    settings = results["settings"]
+    if settings.get("preset"):
+        sampling = settings["sampling"]
+        lines.append(
+            f"Preset {settings['preset']}: temperature {sampling['temperature']:g}, top_p {sampling['top_p']:g}, "
+            f"top_k {sampling['top_k']}, k {settings['k']}, max_new_tokens {settings['max_new_tokens']}"
+        )
     for name, entry in results["checkpoints"].items():
-        solo = ", ".join(f"pass@{k} {entry['solo'][f'pass@{k}']['value']:.3f}" for k in ks)
+        solo = _passes(entry["solo"], ks)
         curve = entry["solo"]["pass_at_k_curve"]
         solo += f", coverage {curve['coverage']['value']:.3f} (any of {curve['num_samples']} samples correct)"
         lines.append(f"{name}: solo {solo}")
+        lines += _benchmark_lines(entry["solo"], ks, "  ")
         for sched, h in entry.get("handoff", {}).items():
-            lines.append(f"  {sched}: pass@{ks[-1]} {h[f'pass@{ks[-1]}']['value']:.3f}")
+            line = f"  {sched}: pass@{ks[-1]} {h[f'pass@{ks[-1]}']['value']:.3f}"
+            if len(h.get("by_benchmark") or {}) > 1:
+                line += f" (macro {h['macro'][f'pass@{ks[-1]}']['value']:.3f})"
+            lines.append(line)
+            lines += _benchmark_lines(h, ks, "    ")
         if "drift" in entry:
             kl, part = entry["drift"]["kl_to_base_nats"], entry["drift"]["by_position"]
             lines.append(

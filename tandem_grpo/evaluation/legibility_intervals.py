@@ -5,7 +5,8 @@ Source of the averaging: the authors' ``eval/legibility.py`` (repository CSSLab/
 (CoT, one sampled completion) gets the mean of the junior's ``-log p`` over its tokens (EOS excluded: they score the
 decoded text, which carries no EOS); a benchmark's figure is the plain mean of those per-CoT values over every CoT
 of the benchmark (each CoT weighs the same, whatever its length); the headline is the macro average of the benchmark
-figures ([`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average]). CoTs with nothing left to
+figures ([`benchmark_means`][tandem_grpo.evaluation.legibility_intervals.benchmark_means],
+[`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average]). CoTs with nothing left to
 score are left out. The per-CoT values come from
 [`metrics.legibility`][tandem_grpo.evaluation.metrics.legibility] (``per_completion``); this module adds the
 uncertainty the paper does not report:
@@ -159,6 +160,33 @@ def paired_difference(
     b = _mean_over_cots(weights, *_sums(values_b))
     out = _estimate(a - b, confidence, _method(num_resamples, seed) + ", paired", len(values_a))
     return out | {"value_a": float(a[0]), "value_b": float(b[0])}
+
+
+def benchmark_means(values: Grouped, benchmarks: Sequence[str]) -> dict[str, float | None]:
+    """Each benchmark's figure as the authors compute it: the mean over the benchmark's scored CoTs.
+
+    Args:
+        values: ``[P][k]`` per-CoT values of one model over the problems of every benchmark (``None`` or NaN: not
+            scored), grouped by problem as in [`cot_mean`][tandem_grpo.evaluation.legibility_intervals.cot_mean].
+        benchmarks: ``[P]`` the benchmark name of each problem.
+
+    Returns:
+        Benchmark name (in order of first appearance) to the mean over its scored CoTs, in the units of ``values``;
+        ``None`` for a benchmark with no scored CoT. Feed it to
+        [`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average] for the headline.
+
+    Raises:
+        ValueError: ``benchmarks`` not aligned with ``values``.
+    """
+    if len(benchmarks) != len(values):
+        raise ValueError(f"benchmark_means: {len(benchmarks)} benchmark names for {len(values)} problems.")
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for name, group in zip(benchmarks, values, strict=True):
+        scored = [float(v) for v in group if v is not None and not math.isnan(float(v))]
+        sums[name] = sums.get(name, 0.0) + sum(scored)
+        counts[name] = counts.get(name, 0) + len(scored)
+    return {name: sums[name] / counts[name] if counts[name] else None for name in sums}
 
 
 def macro_average(by_benchmark: Mapping[str, float | None]) -> float | None:

@@ -13,7 +13,7 @@ solved at all, and the change sits in the first response tokens): the whole pass
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -193,6 +193,115 @@ def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int =
     out["num_samples"] = len(correct[0])
     out["correct_per_problem"] = [int(sum(bool(x) for x in row)) for row in correct]
     return out
+
+
+def macro_bootstrap_mean(
+    groups: Mapping[str, Sequence[float]], confidence: float = 0.95, num_resamples: int = 2000, seed: int = 0
+) -> Estimate:
+    """The plain mean over benchmarks of each benchmark's mean over its problems, with a stratified bootstrap
+    interval.
+
+    The value is the paper authors' macro average (CSSLab/Tandem-RLVR ``eval/common.py``, ``metrics_by_set``: each
+    benchmark's pass@k over its problems, then ``"macro"``, the unweighted mean over benchmarks), so every benchmark
+    weighs the same whatever its size. The interval is a percentile bootstrap stratified by benchmark: each resample
+    draws every benchmark's problems with replacement from that benchmark alone (its size kept) and recomputes the
+    macro mean; the bounds are the ``(1 - confidence) / 2`` and ``(1 + confidence) / 2`` quantiles. Benchmarks are
+    drawn in order from one ``torch.Generator`` seeded by ``seed``, so with a single benchmark the value, the draws
+    and the interval are exactly those of [`bootstrap_mean`][tandem_grpo.evaluation.metrics.bootstrap_mean] with
+    the same seed.
+
+    Args:
+        groups: benchmark name to its per-problem values (e.g.
+            [`per_problem_pass_at_k`][tandem_grpo.evaluation.metrics.per_problem_pass_at_k] of its problems), each
+            non-empty; insertion order is the draw order.
+        confidence: in (0, 1) (default 0.95).
+        num_resamples: bootstrap resamples ``B`` (default 2000).
+        seed: seed ``S`` of the resampling generator (default 0).
+
+    Returns:
+        [`Estimate`][tandem_grpo.evaluation.metrics.Estimate]; ``num_problems`` is the total over benchmarks and
+        ``method`` names the stratification.
+
+    Raises:
+        ValueError: no benchmark, an empty benchmark, or ``confidence`` outside (0, 1).
+    """
+    if not groups:
+        raise ValueError("macro_bootstrap_mean needs at least one benchmark.")
+    empty = [name for name, values in groups.items() if len(values) == 0]
+    if empty:
+        raise ValueError(f"macro_bootstrap_mean: benchmark(s) {empty} have no problems.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+    generator = torch.Generator().manual_seed(seed)
+    values, replicates = [], torch.zeros(num_resamples, dtype=torch.float64)
+    for group in groups.values():
+        data = torch.tensor([float(v) for v in group], dtype=torch.float64)
+        index = torch.randint(0, len(data), (num_resamples, len(data)), generator=generator)
+        values.append(float(data.mean()))
+        replicates += data[index].mean(dim=1)
+    replicates /= len(groups)
+    alpha = (1.0 - confidence) / 2.0
+    low, high = torch.quantile(replicates, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)).tolist()
+    return Estimate(
+        value=sum(values) / len(values),
+        low=float(low),
+        high=float(high),
+        confidence=confidence,
+        method=(
+            f"percentile bootstrap over problems stratified by benchmark ({len(groups)} benchmarks, "
+            f"{num_resamples} resamples, seed {seed})"
+        ),
+        num_problems=sum(len(g) for g in groups.values()),
+    )
+
+
+def capability_by_benchmark(
+    correct: Sequence[Sequence[bool]],
+    benchmarks: Sequence[str],
+    ks: Sequence[int],
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict:
+    """[`capability`][tandem_grpo.evaluation.metrics.capability] per benchmark and its macro average over
+    benchmarks (the paper authors' headline, CSSLab/Tandem-RLVR ``eval/common.py`` ``metrics_by_set``).
+
+    Args:
+        correct: ``[num_problems][n]`` per-sample verdicts, problems of every benchmark together.
+        benchmarks: ``[num_problems]`` the benchmark name of each problem (any order; a benchmark's problems keep
+            their relative order).
+        ks: the k values, each ``<= n``.
+        seed: seed of every bootstrap interval (default 0).
+        confidence: confidence level of the intervals (default 0.95).
+
+    Returns:
+        ``{"by_benchmark": {name: capability dict}, "macro": {"pass@k": Estimate dict, ..., "mean_accuracy":
+        Estimate dict, "benchmarks": [names], "averaging": str}}``; benchmarks in order of first appearance. Each
+        macro value is the plain mean of the benchmarks' values, with the stratified interval of
+        [`macro_bootstrap_mean`][tandem_grpo.evaluation.metrics.macro_bootstrap_mean]; with one benchmark it equals
+        that benchmark's (and the pooled) estimate, interval included.
+
+    Raises:
+        ValueError: ``benchmarks`` not aligned with ``correct``, no problems, or a ``k`` larger than a problem's
+            sample count.
+    """
+    if len(benchmarks) != len(correct):
+        raise ValueError(f"{len(benchmarks)} benchmark names for {len(correct)} problems.")
+    grouped: dict[str, list[Sequence[bool]]] = {}
+    for name, row in zip(benchmarks, correct, strict=True):
+        grouped.setdefault(name, []).append(row)
+    by_benchmark = {name: capability(rows, ks, seed=seed, confidence=confidence) for name, rows in grouped.items()}
+    macro: dict = {}
+    for k in ks:
+        per_problem = {name: per_problem_pass_at_k(rows, k) for name, rows in grouped.items()}
+        macro[f"pass@{k}"] = macro_bootstrap_mean(per_problem, confidence, seed=seed).to_dict()
+    accuracy = {name: per_problem_accuracy(rows) for name, rows in grouped.items()}
+    macro["mean_accuracy"] = macro_bootstrap_mean(accuracy, confidence, seed=seed).to_dict()
+    macro["benchmarks"] = list(grouped)
+    macro["averaging"] = (
+        "plain mean over benchmarks of each benchmark's mean over its problems (authors' eval/common.py "
+        "metrics_by_set); interval: percentile bootstrap over problems stratified by benchmark"
+    )
+    return {"by_benchmark": by_benchmark, "macro": macro}
 
 
 def pass_at_k_curve(

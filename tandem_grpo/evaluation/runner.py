@@ -20,6 +20,12 @@ Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166
 
 Every model that appears in several roles (e.g. the junior is also the base, or is itself evaluated) is loaded
 once and sampled once: its solo completions are reused everywhere, so e.g. ``KL(base || base)`` is exactly 0.
+
+Several benchmarks (``--dataset gsm8k math500``) run together: their problems share every measurement's rows, and
+each pass@k / accuracy block and each legibility block adds ``by_benchmark`` (the figures of each benchmark alone)
+and ``macro`` (the plain mean over benchmarks, the headline of the paper's authors, CSSLab/Tandem-RLVR
+``eval/common.py``) next to the pooled figures over all problems. ``--preset paper`` sets the authors' decoding
+([`PRESETS`][tandem_grpo.evaluation.runner.PRESETS]).
 """
 
 from __future__ import annotations
@@ -27,8 +33,9 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
@@ -42,13 +49,14 @@ from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend,
 from .drift import drift as drift_with_null
 from .drift import moved_back
 from .hacks import hack_detectors
-from .legibility_intervals import cot_mean, macro_average, paired_difference
+from .legibility_intervals import benchmark_means, cot_mean, macro_average, paired_difference
 from .metrics import (
     DEFAULT_CURVE_MAX_K,
     DEFAULT_DRIFT_PREFIX_TOKENS,
     DEFAULT_KL_SMOOTHING,
     bootstrap_mean,
     capability,
+    capability_by_benchmark,
     drift_reversal,
     legibility,
     marginal_kl,
@@ -75,6 +83,38 @@ SCHEDULES = ("alternating", "word", "steps")
 ([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and the step grid
 ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule])."""
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
+
+PRESETS: dict[str, dict[str, float | int]] = {
+    "paper": {
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
+        "min_p": 0.0,
+        "repetition_penalty": 1.0,
+        "k": 8,
+        "max_new_tokens": 3000,
+        "max_rounds": 150,
+    },
+}
+"""The evaluation presets of ``--preset``: name to the fields they set (sampling fields by their
+[`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] names, the rest by their
+[`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] names).
+
+``paper`` is the paper authors' evaluation (CSSLab/Tandem-RLVR): ``eval/config.py`` fixes temperature 0.7, top-p 0.8,
+top-k 20 and a response budget of 3000 tokens (``MAX_TOKENS``); their sampling calls leave min-p and the repetition
+penalty at vLLM's off values (0 and 1); ``eval/solo.py`` and ``eval/handoff.py`` draw ``--n 8`` samples per problem
+(pass@1, 2, 4, 8, which ``k = 8`` gives by default) and cap the handoff protocol at 150 rounds. Not adopted, having
+no field here: their 4096-token engine context, which shortens the 3000-token budget on prompts longer than 1088
+tokens (``eval/common.py`` ``response_budget``); their seeds (17 for solo, ``1000 * problem + sample`` per handoff
+chain), which are vLLM's and would not reproduce their draws here; ``enable_thinking=False`` in the chat template
+(inert for their instruct junior); and their default benchmarks (AIME 2024-2026, AMC 2023-2025), of which only
+``aime24`` and ``amc23`` ship as short names: ``--dataset`` stays the user's choice."""
+
+PRESET_SOURCES = {
+    "paper": "CSSLab/Tandem-RLVR eval/config.py (TEMPERATURE, TOP_P, TOP_K, MAX_TOKENS), eval/solo.py and "
+    "eval/handoff.py (--n 8, MAX_ROUNDS 150)",
+}
+_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingSettings))
 
 
 class EvaluationError(ValueError):
@@ -112,6 +152,20 @@ class EvaluationConfig:
             rest (default 8); see [`marginal_kl_by_position`][tandem_grpo.evaluation.metrics.marginal_kl_by_position].
         num_threads: CPU threads for torch during the run (restored afterwards); ``None`` keeps torch's default.
             On a CPU shared with other jobs, 1 can be several times faster than oversubscribed OpenMP threads.
+        dataset: one dataset (a string: a jsonl path or a short name) or several (a list; on the command line
+            ``--dataset gsm8k math500``), each a benchmark of its own in ``by_benchmark`` and the ``macro``
+            average; [`datasets`][tandem_grpo.evaluation.runner.EvaluationConfig.datasets] gives the list. The
+            attribute keeps what was given (a string stays a string); ``results.json`` records the list.
+        limit: the first ``limit`` problems of each dataset, not of their concatenation (the authors truncate the
+            concatenated list, ``eval/common.py`` ``load_problems``, so a small limit there evaluates the first
+            benchmark only). Per benchmark, every benchmark keeps problems and the macro average stays an average
+            over all of them.
+        preset: ``None`` (default) or a name from [`PRESETS`][tandem_grpo.evaluation.runner.PRESETS] (``"paper"``:
+            the authors' temperature 0.7, top-p 0.8, top-k 20, 8 samples, 3000 new tokens, 150 rounds), applied by
+            [`apply_preset`][tandem_grpo.evaluation.runner.EvaluationConfig.apply_preset] before validation.
+            Precedence: a flag given on the command line wins over the preset; from Python, a field whose value
+            differs from its default counts as given and wins, a field left at its default takes the preset's value
+            (call ``apply_preset(given=...)`` first to keep a value that equals the default).
 
     Invalid values raise [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] from
     [`validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate] (which
@@ -125,12 +179,14 @@ class EvaluationConfig:
     grpo_checkpoint: str | None = _arg(
         None, "Vanilla-GRPO senior, for the drift-reversal measurement (default: none)."
     )
-    dataset: str = _arg("gsm8k", "A jsonl path or a short name: gsm8k, math500, minerva_math, aime24, amc23, "
-                        "multiarith.")  # fmt: skip
+    dataset: str | list[str] = _arg(["gsm8k"], "One or more datasets, each a jsonl path or a short name: gsm8k, "
+                                    "math500, minerva_math, aime24, amc23, multiarith. With several, results add "
+                                    "each benchmark's figures and their macro average (plain mean over "
+                                    "benchmarks).", metavar="PATH_OR_NAME")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
     instruction: str = _arg("step_by_step", "What each question asks for: step_by_step or one_line (use the one "
                             "the checkpoints were trained with; tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
-    limit: int | None = _arg(None, "Evaluate the first N problems (default: all of the split).")
+    limit: int | None = _arg(None, "Evaluate the first N problems of each dataset (default: all of the split).")
     k: int = _arg(4, "Completions sampled per problem (n of the pass@k estimator).")
     pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")
     pass_at_k_curve_max: int = _arg(DEFAULT_CURVE_MAX_K, "Largest k of the pass@k curve (every k from 1 to "
@@ -168,6 +224,63 @@ class EvaluationConfig:
     output_dir: str = _arg("evaluation_results", "Results folder.")
     show_progress: bool = _arg(True, "Progress bars (default: on; --no_progress hides them).")
     seed: int = _arg(0, "Base seed of every draw.")
+    preset: str | None = _arg(None, f"Evaluation preset ({', '.join(PRESETS)}). paper: the paper authors' "
+                              "temperature 0.7, top_p 0.8, top_k 20, k 8, max_new_tokens 3000, max_rounds 150; "
+                              "flags given explicitly win over it.")  # fmt: skip
+
+    def datasets(self) -> list[str]:
+        """``dataset`` as a list of sources (a single string or path becomes a list of one); benchmark names in
+        ``results.json`` are these strings."""
+        if self.dataset is None:
+            return []
+        if isinstance(self.dataset, (str, os.PathLike)):
+            return [os.fspath(self.dataset)]
+        return [os.fspath(d) if isinstance(d, os.PathLike) else d for d in self.dataset]
+
+    def apply_preset(self, given: Collection[str] | None = None) -> dict | None:
+        """Set the fields of ``preset`` ([`PRESETS`][tandem_grpo.evaluation.runner.PRESETS]) that were not given;
+        [`validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate] calls it first.
+
+        Args:
+            given: names of the fields the user set explicitly (the command line passes its flags); they keep
+                their values. ``None`` (from Python): the fields whose value differs from the default count as
+                given.
+
+        Returns:
+            ``None`` without a preset, else the record written to ``results.json`` (``settings.preset_settings``):
+            ``{"name", "source", "applied": {field: value}, "given": {field: value kept}}``. A second call
+            returns the first record and changes nothing.
+
+        Raises:
+            EvaluationError: an unknown preset, naming the presets.
+        """
+        if self.preset is None:
+            return None
+        if self.preset not in PRESETS:
+            raise EvaluationError(f"--preset {self.preset!r}: no such preset; choose one of: {', '.join(PRESETS)}.")
+        record = getattr(self, "_preset_record", None)
+        if record is not None and record["name"] == self.preset:
+            return record
+        values = PRESETS[self.preset]
+
+        def current(name: str):
+            return getattr(self.sampling, name) if name in _SAMPLING_FIELDS else getattr(self, name)
+
+        if given is None:
+            defaults = {f.name: f.default for f in dataclasses.fields(SamplingSettings)}
+            defaults |= {f.name: f.default for f in dataclasses.fields(self) if f.name in values}
+            given = {name for name in values if current(name) != defaults[name]}
+        applied = {name: value for name, value in values.items() if name not in given}
+        kept = {name: current(name) for name in values if name in given}
+        sampling = {name: value for name, value in applied.items() if name in _SAMPLING_FIELDS}
+        if sampling:
+            self.sampling = dataclasses.replace(self.sampling, **sampling)
+        for name, value in applied.items():
+            if name not in _SAMPLING_FIELDS:
+                setattr(self, name, value)
+        record = {"name": self.preset, "source": PRESET_SOURCES[self.preset], "applied": applied, "given": kept}
+        self._preset_record = record
+        return record
 
     def resolved_pass_at(self) -> list[int]:
         if self.pass_at:
@@ -182,8 +295,18 @@ class EvaluationConfig:
         return HandoffRule.from_config(self)
 
     def validate(self) -> None:
-        """Check every argument that needs no model or data; raise
+        """Check every argument that needs no model or data (after applying ``preset``); raise
         [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] naming it."""
+        self.apply_preset()
+        sources = self.datasets()
+        if not sources or any(not isinstance(d, str) or not d.strip() for d in sources):
+            raise EvaluationError(f"--dataset {self.dataset!r}: give one or more datasets (paths or short names).")
+        repeated = list(dict.fromkeys(d for d in sources if sources.count(d) > 1))
+        if repeated:
+            raise EvaluationError(
+                f"--dataset lists {', '.join(repeated)} more than once: each benchmark counts once in the macro "
+                "average."
+            )
         if not self.checkpoints:
             raise EvaluationError("No checkpoints to evaluate: pass at least one with --checkpoints PATH_OR_ID.")
         if self.junior is None and self.base is None:
@@ -251,6 +374,8 @@ class EvaluationConfig:
         d["schedules"] = list(self.schedules)
         d["measurements"] = list(self.measurements)
         d["pass_at"] = self.resolved_pass_at()
+        d["dataset"] = self.datasets()
+        d["preset_settings"] = getattr(self, "_preset_record", None) if self.preset is not None else None
         return d
 
 
@@ -269,19 +394,26 @@ class _Model:
     solo_correct: list[bool] | None = None
 
 
-def _load_problems(config: EvaluationConfig) -> tuple[list, list[str]]:
+def _load_problems(config: EvaluationConfig) -> tuple[list, list[str], list[str]]:
+    """Every dataset of ``config.dataset`` in order, the first ``config.limit`` problems of each; returns the
+    prompts, the gold answers and each problem's benchmark name (its ``--dataset`` string), aligned."""
     from ..data import load_math_dataset
 
-    try:
-        dataset = load_math_dataset(config.dataset, split=config.split, limit=config.limit,
-                                    instruction=INSTRUCTIONS[config.instruction])  # fmt: skip
-    except (ValueError, OSError, RuntimeError) as err:
-        raise EvaluationError(
-            f"--dataset {config.dataset!r} (split {config.split!r}) could not be loaded: {err}"
-        ) from err
-    if len(dataset) == 0:
-        raise EvaluationError(f"--dataset {config.dataset!r} (split {config.split!r}) is empty: nothing to evaluate.")
-    return list(dataset["prompt"]), [str(a) for a in dataset["answer"]]
+    prompts, golds, benchmarks = [], [], []
+    sources = config.datasets()
+    for source in sources:
+        where = f"--dataset {source!r}" if len(sources) == 1 else f"--dataset {source!r} (of {', '.join(sources)})"
+        try:
+            dataset = load_math_dataset(source, split=config.split, limit=config.limit,
+                                        instruction=INSTRUCTIONS[config.instruction])  # fmt: skip
+        except (ValueError, OSError, RuntimeError) as err:
+            raise EvaluationError(f"{where} (split {config.split!r}) could not be loaded: {err}") from err
+        if len(dataset) == 0:
+            raise EvaluationError(f"{where} (split {config.split!r}) is empty: nothing to evaluate.")
+        prompts += list(dataset["prompt"])
+        golds += [str(a) for a in dataset["answer"]]
+        benchmarks += [source] * len(dataset)
+    return prompts, golds, benchmarks
 
 
 def _check_vocabularies(models: dict[str, _Model], junior_path: str) -> object:
@@ -394,12 +526,15 @@ class _Run:
     """What the measurements of one run share: settings, problems, the loaded models and their roles, the rows.
 
     ``rows`` holds each rendered prompt ``k`` times (problem-major), ``gold_rows`` its gold answer; every
-    completion list of the run is aligned with them. ``records`` collects the ``samples.jsonl`` lines.
+    completion list of the run is aligned with them. ``benchmarks`` names each problem's benchmark (its
+    ``--dataset`` string); the problems of all benchmarks share the rows, one benchmark after the other.
+    ``records`` collects the ``samples.jsonl`` lines.
     """
 
     config: EvaluationConfig
     prompts: list
     golds: list[str]
+    benchmarks: list[str]
     resolved: dict[str, str]
     models: dict[str, _Model]
     names: list[str]
@@ -431,8 +566,17 @@ class _Run:
         return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
 
     def capability(self, correct: list[bool]) -> dict:
+        """pass@k and accuracy pooled over every problem
+        ([`capability`][tandem_grpo.evaluation.metrics.capability]), plus ``by_benchmark`` and their ``macro``
+        average ([`capability_by_benchmark`][tandem_grpo.evaluation.metrics.capability_by_benchmark])."""
         c = self.config
-        return capability(_by_problem(correct, c.k), c.resolved_pass_at(), seed=c.seed, confidence=c.confidence)
+        grouped, ks = _by_problem(correct, c.k), c.resolved_pass_at()
+        pooled = capability(grouped, ks, seed=c.seed, confidence=c.confidence)
+        return pooled | capability_by_benchmark(grouped, self.benchmarks, ks, seed=c.seed, confidence=c.confidence)
+
+    def benchmark_names(self) -> list[str]:
+        """The run's benchmarks, in ``--dataset`` order."""
+        return list(dict.fromkeys(self.benchmarks))
 
     def solo_block(self, m: _Model) -> dict:
         """A model's solo results: pass@k and accuracy, mean length, the pass@k curve with coverage, and the
@@ -453,7 +597,9 @@ class _Run:
         }
 
     def add_records(self, checkpoint: str, schedule: str, completions, authorship, correct) -> None:
-        self.records += _records(checkpoint, schedule, completions, authorship, correct, self.tokenizer, self.config.k)
+        self.records += _records(
+            checkpoint, schedule, completions, authorship, correct, self.tokenizer, self.config.k, self.benchmarks
+        )
 
     def progress(self, desc: str):
         from tqdm.auto import tqdm
@@ -501,7 +647,7 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
     from ..models import resolve_model_path
 
     timing: dict[str, float] = {}
-    prompts, golds = _load_problems(config)
+    prompts, golds, benchmarks = _load_problems(config)
     drift = "drift" in config.measurements
     resolved: dict[str, str] = {}
     models: dict[str, _Model] = {}
@@ -561,6 +707,7 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         config=config,
         prompts=prompts,
         golds=golds,
+        benchmarks=benchmarks,
         resolved=resolved,
         models=models,
         names=_display_names(list(config.checkpoints)),
@@ -604,6 +751,7 @@ def _measure_solo(run: _Run) -> dict:
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
             "num_problems": len(run.prompts),
+            "num_problems_by_benchmark": {b: run.benchmarks.count(b) for b in run.benchmark_names()},
             "chat_template_from": config.checkpoints[0],
             "versions": _versions(),
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -804,17 +952,20 @@ def _measure_legibility(run: _Run, results: dict) -> None:
 
     def block(out: dict) -> dict:
         entry = dict(out)
+        names = run.benchmark_names()
+        by_benchmark: dict[str, dict] = {b: {} for b in names}
         for metric in ("junior_cross_entropy", "overlap"):
             grouped = per_problem(out, metric)
             entry[f"{metric}_with_null"] = None if grouped is None else cot_mean(grouped, **stats)
-        # The authors' headline is the macro average over benchmarks of each benchmark's mean over CoTs. A run
-        # evaluates one dataset today, so the macro equals its figure; a multi-benchmark run fills "by_benchmark"
-        # with one entry per dataset and the macro averages them.
-        entry["by_benchmark"] = {config.dataset: {m: out[m] for m in ("junior_cross_entropy", "overlap")}}
+            means = dict.fromkeys(names) if grouped is None else benchmark_means(grouped, run.benchmarks)
+            for b in names:
+                by_benchmark[b][metric] = means[b]
+        # The authors' headline: each benchmark's mean over its CoTs, then the plain mean over benchmarks (with one
+        # benchmark, its figure).
+        entry["by_benchmark"] = by_benchmark
         entry["macro"] = {
-            m: None if out[m] is None else macro_average({b: v[m] for b, v in entry["by_benchmark"].items()})
-            for m in ("junior_cross_entropy", "overlap")
-        } | {"benchmarks": list(entry["by_benchmark"])}
+            m: macro_average({b: v[m] for b, v in by_benchmark.items()}) for m in ("junior_cross_entropy", "overlap")
+        } | {"benchmarks": names}
         return entry
 
     outputs = {name: score(m.resolved, m.model, f"legibility {name}") for name, m in run.seniors()}
@@ -863,12 +1014,13 @@ def _mean_len(completions: list[list[int]]) -> float:
     return sum(len(c) for c in completions) / len(completions) if completions else float("nan")
 
 
-def _records(checkpoint, schedule, completions, authorship, correct, tokenizer, k) -> list[dict]:
+def _records(checkpoint, schedule, completions, authorship, correct, tokenizer, k, benchmarks) -> list[dict]:
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     return [
         {
             "checkpoint": checkpoint,
             "schedule": schedule,
+            "benchmark": benchmarks[i // k],
             "problem": i // k,
             "sample": i % k,
             "correct": bool(ok),
