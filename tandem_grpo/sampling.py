@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import numbers
 from dataclasses import dataclass
 
 import torch
@@ -41,6 +42,8 @@ def derive_seed(base: int, *parts: object) -> int:
     Returns:
         An int in ``[0, 2**63)``; coin seeds keep its low 31 bits.
     """
+    # numpy and torch integers print differently from ints: one coordinate, one seed, whatever its type.
+    parts = tuple(int(p) if isinstance(p, numbers.Integral) and not isinstance(p, bool) else p for p in parts)
     text = repr((int(base), *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
 

@@ -100,6 +100,9 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     for block in entry["handoff"].values():
         share, handed = block["senior_share"], block["handed_over_share"]
         assert 0.0 <= share["ci_low"] <= share["value"] <= share["ci_high"] <= 1.0 and 0.0 <= handed["value"] <= 1.0
+    for name in ("senior_first_s1", "junior_first_s1", "senior_first_s2", "junior_first_s2"):
+        block = entry["handoff"][name]  # a row changed hands when the second model continued it
+        assert block["handed_over_share"]["value"] == pytest.approx(1.0 - block["exhausted_fraction"])
     alternating = entry["handoff"]["alternating"]
     assert alternating["schedule"]["max_rounds"] == 150 and alternating["mean_turns"] >= 1.0
     assert alternating["senior_share"]["value"] > 0.0
@@ -234,9 +237,20 @@ def test_usage_errors_are_one_line(capsys, no_model_loading):
         (["--checkpoints", "a", "--junior", "j", "--pass_at_k_curve_max", "0"], "--pass_at_k_curve_max 0"),
         (["--checkpoints", "a", "--junior", "j", "--drift_prefix_tokens", "0"], "--drift_prefix_tokens 0"),
         (["--checkpoints", "a", "--junior", "j", "--preset", "fast"], "--preset 'fast': no such preset; choose one"),
+        (["--checkpoints", "a", "--junior", "j", "--schedules", "handoff"], "--schedules ['handoff']: choose"),
+        (["--checkpoints", "a", "--junior", "j", "--max_rounds", "0"], "--max_rounds 0"),
     ]:
         err = _run_error(args, capsys)
         assert expected in err and err.startswith("tandem-grpo evaluate: error: ") and err.count("\n") == 1, err
+
+
+def test_step_schedules_need_a_step_grid():
+    from tandem_grpo.evaluation import EvaluationConfig, EvaluationError
+
+    config = EvaluationConfig(checkpoints=["a"], junior="j", schedules=["alternating", "steps"], step_grid=[])
+    with pytest.raises(EvaluationError, match="--step_grid is empty"):
+        config.validate()
+    EvaluationConfig(checkpoints=["a"], junior="j", schedules=["alternating"], step_grid=[]).validate()
 
 
 def test_vocabulary_mismatch_is_reported(tiny_dirs, gsm8k_three, tiny_model_dirs, tmp_path, capsys, no_model_loading):

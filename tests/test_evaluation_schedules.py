@@ -10,6 +10,7 @@ from transformers import LlamaConfig, LlamaForCausalLM
 
 from tandem_grpo.evaluation.backends import (
     GenerationBackend,
+    StopInCompletion,
     TransformersBackend,
     create_backend,
     cut_at_stop,
@@ -319,6 +320,25 @@ def test_stop_length_finds_the_token_that_completes_the_separator(tok):
     assert tok.decode(ids[:n]).endswith("\n\n") and "\n\n" not in tok.decode(ids[: n - 1])
     assert tok.decode(cut_at_stop(ids, tok, ("\n\n",))) == "One.\n\n"
     assert stop_length(encode(tok, "No blank line.\nAt all."), tok, ("\n\n",)) is None
+
+
+def test_stop_criterion_looks_at_the_generated_tokens_only(tok):
+    """A turn's prompt ends with the previous step's blank line: a first token "\n" is no new step separator (vLLM
+    and the authors check the generated text only); transformers' own stop strings would stop there."""
+    from transformers import StopStringCriteria
+
+    prompt = encode(tok, "Step one.\n\n")
+    criterion = StopInCompletion(tok, ("\n\n",), prompt_width=len(prompt))
+
+    def rows(*texts: str) -> torch.Tensor:
+        return torch.tensor([prompt + encode(tok, t) for t in texts])
+
+    assert criterion(rows("\n"), None).tolist() == [False]
+    assert criterion(rows("Step two."), None).tolist() == [False]
+    assert criterion(rows("Step two.\n\n"), None).tolist() == [True]
+    # Why the package has its own criterion: upstream's matches across the prompt boundary. If this fails, upstream
+    # changed and StopInCompletion may no longer be needed.
+    assert StopStringCriteria(tok, ["\n\n"])(rows("\n"), None).tolist() == [True]
 
 
 def test_alternating_protocol_with_smollm2(smollm2_path, tok):

@@ -176,6 +176,9 @@ def test_cpu_engines_get_an_explicit_kv_cache(monkeypatch):
         ["--watermark-config", '{"key": 1}'],
         ["--watermark_config={}"],
         ["--attention-config", '{"hisparse_config": {"topk": 4}}'],
+        ["-ac", '{"hisparse_config": {}}'],
+        ["--attention-config.hisparse_config", "{}"],
+        ["--watermark-config.key", "3"],
     ],
 )
 def test_vllm_serve_refuses_model_runner_v2_flags_before_anything_loads(flags):

@@ -6,7 +6,7 @@ The library entry point is [`evaluate`][tandem_grpo.evaluation.runner.evaluate];
 
 Modules: [`metrics`][tandem_grpo.evaluation.metrics] (pass@k and its curve, bootstrap intervals, KL whole and
 by position, drift reversal, cross-entropy, overlap), [`steps`][tandem_grpo.evaluation.steps] (reasoning-step
-splitting), [`schedules`][tandem_grpo.evaluation.schedules] (handoff schedules),
+splitting), [`schedules`][tandem_grpo.evaluation.schedules] (handoff schedules, the paper's protocol first),
 [`backends`][tandem_grpo.evaluation.backends] (solo generation), [`report`][tandem_grpo.evaluation.report]
 (results.json, plots, HTML) and [`runner`][tandem_grpo.evaluation.runner] (the orchestration).
 """
@@ -25,7 +25,7 @@ from .metrics import (
     token_counts,
 )
 from .runner import EvaluationConfig, EvaluationError, evaluate
-from .schedules import ScheduleOutput, step_schedule, word_handoff_schedule
+from .schedules import ScheduleOutput, alternating_schedule, step_schedule, word_handoff_schedule
 from .steps import handover_region, prefix_end, split_steps, step_spans
 
 __all__ = [
@@ -34,6 +34,7 @@ __all__ = [
     "GenerationBackend",
     "ScheduleOutput",
     "TransformersBackend",
+    "alternating_schedule",
     "bootstrap_mean",
     "capability",
     "create_backend",

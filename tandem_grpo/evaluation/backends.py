@@ -22,6 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
 
 from ..sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
@@ -82,6 +83,37 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
         else:
             lo = mid + 1
     return lo
+
+
+class StopInCompletion(StoppingCriteria):
+    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string.
+
+    transformers' own ``stop_strings`` match the end of the whole sequence, prompt included, so a turn of the
+    alternating protocol whose prompt ends in ``"\n"`` would stop after a first token ``"\n"``; vLLM (and the
+    authors' protocol) look at the generated text only, as this does. Only the last ``window`` generated tokens are
+    decoded per step (an occurrence that ended earlier stopped the row then).
+
+    Args:
+        tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
+        stop: the stop strings.
+        prompt_width: the batch's (left-padded) prompt length; generated tokens start there.
+        window: generated tokens decoded per check (default: 16, or 4 per character of the longest stop string).
+    """
+
+    def __init__(self, tokenizer, stop: Sequence[str], prompt_width: int, window: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.prompt_width = int(prompt_width)
+        self.window = window or max(16, 4 * max((len(s) for s in self.stop), default=1))
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        tails = input_ids[:, self.prompt_width :][:, -self.window :].tolist()
+        decode = self.tokenizer.decode
+        done = [
+            any(s in decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False) for s in self.stop)
+            for t in tails
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
 
 
 def cut_at_stop(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> list[int]:
@@ -222,7 +254,9 @@ class TransformersBackend(GenerationBackend):
                     eos_token_id=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
                     # A row that meets a stop string is padded from there on; cut_at_stop drops the padding.
-                    **({"stop_strings": list(stop), "tokenizer": self.tokenizer} if stop else {}),
+                    stopping_criteria=StoppingCriteriaList(
+                        [StopInCompletion(self.tokenizer, stop, width)] if stop else []
+                    ),
                 )
             completions = generated[:, width:].tolist()
             out.extend(

@@ -6,10 +6,13 @@ Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166
    reference); unbiased pass@k and mean accuracy with bootstrap intervals
    ([`metrics`][tandem_grpo.evaluation.metrics]), and beyond the paper the pass@k curve up to k = 32 with coverage
    (share of problems solved at least once).
-2. Handoff robustness (5.2): each checkpoint paired with the frozen junior under (a) the training rule
-   ([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and (b) step schedules,
+2. Handoff robustness (5.2): each checkpoint paired with the frozen junior under (a) the paper's protocol, senior
+   first, then one reasoning step each in one budget
+   ([`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]), (b) the training rule
+   ([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and (c) step schedules,
    senior-first and junior-first, over a grid of step counts
-   ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]); pass@k per schedule.
+   ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]); pass@k per schedule, with the senior's share
+   of the tokens and the share of rows that changed hands.
 3. Drift (5.3): KL(checkpoint || base) of marginal token distributions of the solo completions, whole and split
    into the first 8 completion tokens and the rest; with a GRPO checkpoint, the share of GRPO's most-shifted
    tokens each checkpoint moves back toward the base.
@@ -328,6 +331,11 @@ class EvaluationConfig:
                 )
         if self.limit is not None and self.limit < 1:
             raise EvaluationError(f"--limit {self.limit}: must be >= 1 (or omitted for the whole split).")
+        if "steps" in self.schedules and not self.step_grid:
+            raise EvaluationError(
+                "--schedules includes steps but --step_grid is empty: give step counts (e.g. --step_grid 1 2 3) or "
+                "drop steps from --schedules."
+            )
         bad_steps = [s for s in self.step_grid if s < 1]
         if bad_steps:
             raise EvaluationError(
@@ -767,8 +775,9 @@ def _measure_solo(run: _Run) -> dict:
 
 
 def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]]:
-    """Measurement 2, handoff robustness: each checkpoint with the junior under the training rule and the step
-    schedules (both orders, every ``s`` of the grid); returns each checkpoint's schedule outputs."""
+    """Measurement 2, handoff robustness: each checkpoint with the junior under the schedules of
+    ``config.schedules``: the alternating protocol, the training rule and the step schedules (both orders, every
+    ``s`` of the grid); returns each checkpoint's schedule outputs."""
     config, tokenizer, junior = run.config, run.tokenizer, run.junior
     rule = config.handoff_rule()
     schedule_outputs: dict[str, list[ScheduleOutput]] = {}
@@ -839,18 +848,22 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
 
 def _authorship_shares(run: _Run, out: ScheduleOutput) -> dict:
     """Who wrote a schedule's completions, with intervals over problems: ``senior_share`` (per problem, the senior's
-    share of its tokens; then the mean over problems) and ``handed_over_share`` (per problem, the share of its rows
-    the junior wrote any token of)."""
+    share of its tokens, problems without any token left out; then the mean over problems) and ``handed_over_share``
+    (per problem, the share of its rows that changed hands: the schedule's own ``handed_over`` where it has one,
+    else both models wrote in the row); ``None`` where no problem has a value."""
     c = run.config
+    rows_handed = out.handed_over or [0 in a and 1 in a for a in out.authorship]
     per_problem_share, per_problem_handed = [], []
-    for rows in _by_problem(out.authorship, c.k):
+    for rows, handed in zip(_by_problem(out.authorship, c.k), _by_problem(rows_handed, c.k), strict=True):
         tokens = sum(len(a) for a in rows)
-        per_problem_share.append(sum(sum(a) for a in rows) / tokens if tokens else 1.0)
-        per_problem_handed.append(sum(any(t == 0 for t in a) for a in rows) / len(rows))
-    return {
-        "senior_share": bootstrap_mean(per_problem_share, c.confidence, seed=c.seed).to_dict(),
-        "handed_over_share": bootstrap_mean(per_problem_handed, c.confidence, seed=c.seed).to_dict(),
-    }
+        if tokens:
+            per_problem_share.append(sum(sum(a) for a in rows) / tokens)
+        per_problem_handed.append(sum(map(bool, handed)) / len(handed))
+
+    def estimate(values: list[float]) -> dict | None:
+        return bootstrap_mean(values, c.confidence, seed=c.seed).to_dict() if values else None
+
+    return {"senior_share": estimate(per_problem_share), "handed_over_share": estimate(per_problem_handed)}
 
 
 def _word_schedule(run: _Run, senior: _Model, rule, name: str) -> ScheduleOutput:
@@ -984,8 +997,8 @@ def _measure_legibility(run: _Run, results: dict) -> None:
 
 
 def _authorship_views(run: _Run, schedule_outputs: dict[str, list[ScheduleOutput]]) -> list[SampleView]:
-    """The samples of ``samples.html``: per checkpoint, the training rule's first problems, then one senior-first
-    and one junior-first schedule."""
+    """The samples of ``samples.html``: per checkpoint, the first schedule's first problems (the alternating
+    protocol by default), then two problems of each of the next two schedules."""
     from ..authorship import authorship_spans
 
     config = run.config

@@ -370,8 +370,10 @@ def alternating_schedule(
     passes to the other model. Rounds of one senior turn and one junior turn repeat up to ``max_rounds``; rows still
     open then are counted in ``settings["unfinished_rows"]``.
 
-    Unlike the authors, who pass text between two engines and re-tokenize it every turn, the tokens written so far are
-    passed on as they are, so authorship is exact per token.
+    Two departures from the authors, both deliberate: they pass text between two engines and re-tokenize it every
+    turn, while here the tokens written so far are passed on as they are, so authorship is exact per token; and a
+    turn that ends with any EOS id ends the row, while their loop passes the turn on when vLLM reports a stop token
+    other than the primary EOS as the stop reason (e.g. Qwen's ``<|endoftext|>``).
 
     Args:
         prompts: token-id prompts (chat template applied), one completion each (repeat rows for k samples).

@@ -34,7 +34,7 @@ from collections.abc import Iterator
 
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings, default_eos_token_ids
-from ._compat import check_vllm, select_v1_model_runner
+from ._compat import check_v1_runner_options, check_vllm, select_v1_model_runner
 from .engine import (
     CPU_KV_CACHE_BYTES,
     boundary_tables,
@@ -155,6 +155,7 @@ class TandemVLLMGeneration(VLLMGeneration):
                 # The training model already sits in this process: see build_llm on the CPU KV-cache size.
                 if cpu_kv_cache_default(kwargs):
                     kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+                check_v1_runner_options(kwargs)
                 return original_llm(*args, **kwargs)
 
             with _swap_attr(_trl_vllm_generation, "LLM", tandem_llm):

@@ -46,16 +46,26 @@ class TandemServeArguments:
 
 def _engine_options(extra_args: list[str]) -> dict:
     """The ``vllm serve`` flags among ``extra_args`` that decide the model runner, as ``vllm.LLM`` keyword arguments
-    (``--watermark-config``, ``--attention-config``; both spellings, ``--flag value`` or ``--flag=value``)."""
+    (``--watermark-config``, ``--attention-config`` / ``-ac``; both spellings, ``--flag value`` or ``--flag=value``,
+    and vLLM's dotted form ``--attention-config.hisparse_config ...``). Options inside a ``--config`` file are not
+    read."""
     import json
 
     options: dict = {}
     for i, arg in enumerate(extra_args):
+        if arg == "-ac" or arg.startswith("-ac="):
+            arg = "--attention_config" + arg[3:]
         if not arg.startswith("--"):
             continue
         name, _, value = arg[2:].partition("=")
         name = name.replace("-", "_")
+        name, _, field = name.partition(".")
         if name not in ("watermark_config", "attention_config"):
+            continue
+        if field:  # --attention-config.hisparse_config X: one field of the config
+            options.setdefault(name, {})
+            if isinstance(options[name], dict):
+                options[name][field.split(".")[0]] = value or True
             continue
         if not value and i + 1 < len(extra_args) and not extra_args[i + 1].startswith("--"):
             value = extra_args[i + 1]
