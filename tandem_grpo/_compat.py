@@ -93,8 +93,9 @@ def _innermost(model: torch.nn.Module) -> torch.nn.Module:
 
 @functools.lru_cache(maxsize=64)
 def _declared_cache_kwarg(cls: type) -> str:
+    forward = getattr(cls, "forward", None)  # a plain callable wrapper has none: the old name works everywhere
     try:
-        params = inspect.signature(cls.forward).parameters  # follows `deprecate_kwarg`'s functools.wraps
+        params = inspect.signature(forward).parameters  # follows `deprecate_kwarg`'s functools.wraps
     except (TypeError, ValueError):
         return "past_key_values"
     return "cache" if "cache" in params and "past_key_values" not in params else "past_key_values"
