@@ -318,6 +318,9 @@ def test_two_benchmarks_macro_average_and_paper_preset(tiny_dirs, gsm8k_three, t
                                                    [v for v in values[16:] if v is not None])]  # fmt: skip
         assert [leg["by_benchmark"][b][metric] for b in names] == pytest.approx(means)
         assert leg["macro"][metric] == pytest.approx(sum(means) / 2)
+        # Each benchmark's own interval; the run-wide one pools them and says so.
+        assert [leg["by_benchmark"][b][f"{metric}_with_null"]["mean"]["value"] for b in names] == pytest.approx(means)
+    assert leg["with_null_pooled_over_benchmarks"] is True
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {(r["problem"], r["benchmark"]) for r in records} == {(0, names[0]), (1, names[0]), (2, names[1])}
     printed = capsys.readouterr().out

@@ -969,10 +969,15 @@ def _measure_legibility(run: _Run, results: dict) -> None:
         by_benchmark: dict[str, dict] = {b: {} for b in names}
         for metric in ("junior_cross_entropy", "overlap"):
             grouped = per_problem(out, metric)
+            # Over every CoT of the run: with several benchmarks a pooled figure, so each benchmark also gets its own.
             entry[f"{metric}_with_null"] = None if grouped is None else cot_mean(grouped, **stats)
             means = dict.fromkeys(names) if grouped is None else benchmark_means(grouped, run.benchmarks)
             for b in names:
                 by_benchmark[b][metric] = means[b]
+                if grouped is not None and len(names) > 1:
+                    rows = [g for g, name in zip(grouped, run.benchmarks, strict=True) if name == b]
+                    by_benchmark[b][f"{metric}_with_null"] = cot_mean(rows, **stats)
+        entry["with_null_pooled_over_benchmarks"] = len(names) > 1
         # The authors' headline: each benchmark's mean over its CoTs, then the plain mean over benchmarks (with one
         # benchmark, its figure).
         entry["by_benchmark"] = by_benchmark
