@@ -8,31 +8,12 @@ import math
 
 import pytest
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from test_evaluation_metrics import tiny_llama
 
 from tandem_grpo.evaluation.legibility_intervals import benchmark_means, cot_mean, macro_average, paired_difference
 from tandem_grpo.evaluation.metrics import legibility
 
 EOS = (1, 2)
-
-
-def tiny_llama(seed: int, vocab_size: int = 64) -> LlamaForCausalLM:
-    torch.manual_seed(seed)
-    config = LlamaConfig(
-        vocab_size=vocab_size,
-        hidden_size=32,
-        num_hidden_layers=2,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=128,
-        pad_token_id=0,
-        eos_token_id=1,
-        bos_token_id=None,
-    )
-    model = LlamaForCausalLM(config).eval()
-    with torch.no_grad():  # sharpen the random head so distributions are far from uniform
-        model.lm_head.weight.mul_(30)
-    return model
 
 
 @torch.no_grad()
