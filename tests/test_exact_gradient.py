@@ -207,7 +207,7 @@ def _trainer_batch(tmp_path, senior: str, junior: str, loss_type: str, **overrid
 def _rollout(trainer):
     batch = trainer._generate_and_score_completions([{"prompt": p} for p in ("ab c", "d e", "f.\ng", "h")] * 2)
     authorship = torch.zeros_like(batch["completion_ids"])
-    for row, authors in enumerate(trainer._authorship):
+    for row, authors in enumerate(trainer._rollout.authorship):
         authorship[row, : len(authors)] = torch.tensor(authors)
     batch["advantages"] = torch.linspace(-1.5, 2.0, 8)  # fixed, non-zero advantages
     trainer.current_gradient_accumulation_steps = 1  # set by the training loop

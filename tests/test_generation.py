@@ -56,16 +56,16 @@ def _chi2_sf(stat: float, dof: int) -> float:
 def test_probability_zero_and_one_give_single_authors(models, tiny_tokenizer, tables, granularity):
     for p, author in ((0.0, SENIOR), (1.0, JUNIOR)):
         out = _generate(models, tiny_tokenizer, tables, HandoffRule(granularity, p, 32), n=16, tokens=20)
-        written = out.authorship[out.completion_mask.bool()]
+        written = out.tensor("authorship")[out.completion_mask().bool()]
         assert written.numel() > 0 and bool((written == author).all()), (granularity, p)
 
 
 @pytest.mark.parametrize("p", [0.3, 0.5, 0.8])
 def test_junior_unit_fraction_matches_probability(models, tiny_tokenizer, tables, p):
     out = _generate(models, tiny_tokenizer, tables, HandoffRule("word", p, 32), n=96, tokens=40)
-    mask = out.completion_mask.bool()
-    starts = out.unit_starts & mask
-    junior_units = (starts & (out.authorship == JUNIOR)).sum().item()
+    mask = out.completion_mask().bool()
+    starts = out.tensor("unit_starts") & mask
+    junior_units = (starts & (out.tensor("authorship") == JUNIOR)).sum().item()
     units = starts.sum().item()
     assert units > 500
     sd = math.sqrt(p * (1 - p) / units)
@@ -75,11 +75,9 @@ def test_junior_unit_fraction_matches_probability(models, tiny_tokenizer, tables
 def test_no_unit_exceeds_max_gap(models, tiny_tokenizer, tables):
     def longest_unit(out) -> int:
         longest = 0
-        for starts, m in zip(out.unit_starts.tolist(), out.completion_mask.tolist(), strict=True):
+        for starts in out.unit_starts:
             run = 0
-            for s, alive in zip(starts, m, strict=True):
-                if not alive:
-                    break
+            for s in starts:
                 run = 1 if s else run + 1
                 longest = max(longest, run)
         return longest
@@ -110,7 +108,7 @@ def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer
         seeds=torch.arange(n),
         generator=torch.Generator().manual_seed(7),
     )
-    handed_off = (out.authorship == JUNIOR).any(dim=1).double().mean().item()
+    handed_off = (out.tensor("authorship", pad=SENIOR) == JUNIOR).any(dim=1).double().mean().item()
     assert 0.3 < handed_off < 0.9, "the test must exercise real handoffs"
     prompt = torch.tensor([tiny_tokenizer("ab c").input_ids])
     with torch.no_grad():
@@ -120,7 +118,8 @@ def test_self_pairing_is_distributed_like_the_model_alone(models, tiny_tokenizer
     expected = (p1[:, None] * p2).flatten() * n
     expected[1 * len(TINY_VOCAB) : 2 * len(TINY_VOCAB)] = 0  # after EOS the second token is padding
     expected[1 * len(TINY_VOCAB)] = p1[1] * n
-    pairs = out.completion_ids[:, 0] * len(TINY_VOCAB) + out.completion_ids[:, 1]
+    ids = out.tensor("completion_ids")  # padded with 0, the pad id, after EOS
+    pairs = ids[:, 0] * len(TINY_VOCAB) + ids[:, 1]
     observed = torch.bincount(pairs, minlength=len(TINY_VOCAB) ** 2).double()
     big = expected >= 5
     rest_obs, rest_exp = observed[~big].sum(), expected[~big].sum()
@@ -179,7 +178,8 @@ def test_mixture_sampling_matches_the_literal_rule(models, tiny_tokenizer, table
         tokens.append(x)
         seq = torch.cat([seq, x[:, None]], dim=1)
     reference = tokens[0] * len(TINY_VOCAB) + torch.where(tokens[0] == 1, 0, tokens[1])
-    got = tandem.completion_ids[:, 0] * len(TINY_VOCAB) + tandem.completion_ids[:, 1]
+    drawn = tandem.tensor("completion_ids")
+    got = drawn[:, 0] * len(TINY_VOCAB) + drawn[:, 1]
     a = torch.bincount(got, minlength=len(TINY_VOCAB) ** 2).double()
     b = torch.bincount(reference, minlength=len(TINY_VOCAB) ** 2).double()
     keep = (a + b) >= 10
@@ -191,13 +191,12 @@ def test_generation_is_reproducible_and_stops_at_eos(models, tiny_tokenizer, tab
     rule = HandoffRule("word", 0.5, 32)
     a = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=5)
     b = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=5)
-    assert torch.equal(a.completion_ids, b.completion_ids) and torch.equal(a.authorship, b.authorship)
+    assert a == b
     c = _generate(models, tiny_tokenizer, tables, rule, n=8, tokens=30, seed=6)
-    assert not torch.equal(a.completion_ids, c.completion_ids)
-    for ids, m in zip(a.completion_ids.tolist(), a.completion_mask.tolist(), strict=True):
-        length = sum(m)
-        assert 1 not in ids[: length - 1], "nothing is generated after EOS"
-        assert all(t == 0 for t in ids[length:]), "padding after the end"
+    assert a.completion_ids != c.completion_ids
+    for ids in a.completion_ids:
+        assert 1 not in ids[:-1], "nothing is generated after EOS"
+        assert ids[-1] == 1 or len(ids) == 30, "a completion ends at EOS or at the cap"
 
 
 def test_truncation_applies_to_the_mixture(models, tiny_tokenizer, tables):
@@ -210,8 +209,8 @@ def test_truncation_applies_to_the_mixture(models, tiny_tokenizer, tables):
         ).completion_ids
         for top_k, draw in ((1, 0), (1, 1), (0, 0), (0, 1))
     ]  # fmt: skip
-    assert torch.equal(runs[0], runs[1]), "top_k=1 leaves one token of the mixture: the draws no longer matter"
-    assert not torch.equal(runs[2], runs[3]), "without truncation they do"
+    assert runs[0] == runs[1], "top_k=1 leaves one token of the mixture: the draws no longer matter"
+    assert runs[2] != runs[3], "without truncation they do"
 
 
 def test_padded_logits_are_cut_to_the_tokenizer(models, tiny_tokenizer, tables):
@@ -235,8 +234,8 @@ def test_padded_logits_are_cut_to_the_tokenizer(models, tiny_tokenizer, tables):
         )  # fmt: skip
         runs[name] = out.completion_ids
     for name, ids in runs.items():
-        assert torch.equal(ids, runs["cut"]), name
-    assert int(runs["cut"].max()) < len(TINY_VOCAB)
+        assert ids == runs["cut"], name
+    assert max(map(max, runs["cut"])) < len(TINY_VOCAB)
 
 
 def test_logits_narrower_than_the_tables_are_refused(models, tiny_tokenizer):
@@ -288,14 +287,12 @@ def test_lora_senior_with_base_junior_is_one_forward_with_the_two_pass_distribut
     two = tandem_generate(senior, senior, ids, mask, generator=torch.Generator().manual_seed(3),
                           junior_context=senior.disable_adapter, **kw)  # fmt: skip
     handle.remove()
-    steps = one.completion_ids.shape[1]
+    steps = max(one.lengths)
     assert len(one_calls) == steps and all(shape[0] == 2 * 12 for shape in one_calls), "one pass of 2B rows per step"
     assert len(calls) == 2 * steps, "the reference ran two passes per step"
-    assert torch.equal(one.completion_ids, two.completion_ids)
-    assert torch.equal(one.authorship, two.authorship)
-    assert torch.equal(one.completion_mask, two.completion_mask)
-    written = one.authorship[one.completion_mask.bool()]
-    assert 0 < int(written.sum()) < written.numel(), "both models wrote"
+    assert one == two
+    written = [a for row in one.authorship for a in row]
+    assert 0 < sum(written) < len(written), "both models wrote"
 
 
 def test_mixed_adapter_batch_logits_match_each_model_step_by_step(tiny_tokenizer):
@@ -345,6 +342,6 @@ def test_lora_generation_restores_training_mode_and_falls_back_for_dora(tiny_tok
     calls, handle = _forward_counter(dora)
     out = tandem_generate(dora, None, ids, mask, **kw)
     handle.remove()
-    assert len(calls) == 2 * out.completion_ids.shape[1], "DoRA: two passes, the second with the adapter disabled"
+    assert len(calls) == 2 * max(out.lengths), "DoRA: two passes, the second with the adapter disabled"
     with pytest.raises(ValueError, match="not a PEFT model"):
         tandem_generate(build_tiny_model(0), None, ids, mask, **kw)

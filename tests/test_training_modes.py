@@ -60,7 +60,7 @@ def _train(tmp_path, monkeypatch, name: str, model=None, **overrides) -> tuple[T
         rng_state = kwargs["generator"].get_state()
         checkpointing = bool(senior.is_gradient_checkpointing)
         out = real(senior, junior, input_ids, attention_mask, **kwargs)
-        ids, authors = out.to_lists()
+        ids, authors = out.completion_ids, out.authorship
         rollouts.append(
             Rollout(
                 input_ids.clone(),

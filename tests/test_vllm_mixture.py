@@ -32,12 +32,12 @@ from tandem_grpo.handoff import (  # noqa: E402
     replay,
     unit_start_ids,
 )
+from tandem_grpo.rollout import Rollout  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm.engine import (  # noqa: E402
     boundary_tables,
     build_llm,
     engine_info,
-    finish_rollout,
     merge_records,
     new_uids,
     sampling_params,
@@ -111,7 +111,7 @@ def run(engine, tiny_tokenizer, rule):
     sampled = [[distributions[row, t, tok].item() for t, tok in enumerate(ids)] for row, ids in enumerate(completions)]
     info = engine_info(engine)
     tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
-    rollout = finish_rollout(completions, sampled, records, seeds, rule, tables)
+    rollout = Rollout.from_engine(completions, sampled, records, seeds, rule, tables)
     return prompt_ids, seeds, rollout, distributions, tables
 
 

@@ -144,8 +144,9 @@ def test_server_rollouts_use_the_junior_and_return_the_seniors_terms(server, jun
     from transformers import AutoModelForCausalLM
 
     from tandem_grpo.handoff import boundary_logprobs, replay, unit_start_ids
+    from tandem_grpo.rollout import Rollout
     from tandem_grpo.vllm.client import TandemVLLMClient
-    from tandem_grpo.vllm.engine import boundary_tables, finish_rollout
+    from tandem_grpo.vllm.engine import boundary_tables
 
     client = TandemVLLMClient(base_url=server, connection_timeout=10)
     info = client.check_tandem()
@@ -156,7 +157,7 @@ def test_server_rollouts_use_the_junior_and_return_the_seniors_terms(server, jun
         rule = HandoffRule("word", 0.5, 32, mode)
         seeds = list(range(6))
         ids, mixture, records = client.generate_tandem([prompt_ids] * 6, seeds, rule, max_tokens=16)
-        rollout = finish_rollout(ids, mixture, records, seeds, rule, tables)
+        rollout = Rollout.from_engine(ids, mixture, records, seeds, rule, tables)
         handoffs = 0
         for row, (completion, authors, own) in enumerate(
             zip(rollout.completion_ids, rollout.authorship, rollout.senior_logprobs, strict=True)

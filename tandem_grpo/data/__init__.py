@@ -18,11 +18,12 @@ Modules, each name importable from ``tandem_grpo.data`` and documented on this p
   ([`load_math_dataset`][tandem_grpo.data.load_math_dataset], [`DATASETS`][tandem_grpo.data.DATASETS],
   [`to_example`][tandem_grpo.data.to_example]), with the row formats it accepts;
 * [`arithmetic`][tandem_grpo.data.arithmetic]: the built-in arithmetic word problems
-  ([`arithmetic_word_problems`][tandem_grpo.data.arithmetic_word_problems]).
+  ([`arithmetic_word_problems`][tandem_grpo.data.arithmetic_word_problems],
+  [`arithmetic_chains`][tandem_grpo.data.arithmetic_chains]).
 """
 
 from .answers import gsm8k_gold, last_boxed
-from .arithmetic import arithmetic_word_problems
+from .arithmetic import arithmetic_chains, arithmetic_word_problems
 from .instructions import INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION
 from .loading import DATA_DIR_ENV, DATASETS, HubDataset, load_math_dataset, to_example
 
@@ -33,6 +34,7 @@ __all__ = [
     "INSTRUCTIONS",
     "ONE_LINE_INSTRUCTION",
     "HubDataset",
+    "arithmetic_chains",
     "arithmetic_word_problems",
     "gsm8k_gold",
     "last_boxed",

@@ -8,7 +8,7 @@ import datasets
 
 from .instructions import INSTRUCTION
 
-__all__ = ["arithmetic_word_problems"]
+__all__ = ["arithmetic_chains", "arithmetic_word_problems"]
 
 _NAMES: tuple[tuple[str, str], ...] = (
     ("Mia", "she"),
@@ -113,4 +113,79 @@ def arithmetic_word_problems(
         result = a + b if op == "+" else a - b if op == "-" else a * b
         prompts.append([{"role": "user", "content": question + instruction}])
         answers.append(str(result))
+    return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
+# Multi-step problems: a starting amount, then ``num_steps - 1`` changes, then the question. Each change uses
+# {b} once and may use {pron}, {Pron}, {friend}, {objs}; the solution is one equation per change.
+_CHAIN_STARTS: tuple[str, ...] = (
+    "{name} has {a} {objs}.",
+    "{name} starts the day with {a} {objs}.",
+    "There are {a} {objs} in {name}'s bag.",
+)
+_CHAIN_CHANGES: dict[str, tuple[str, ...]] = {
+    "+": ("{Pron} buys {b} more.", "{friend} gives {pron_obj} {b} more.", "{Pron} finds {b} more."),
+    "-": ("{Pron} gives {b} to {friend}.", "{Pron} loses {b} of them.", "{Pron} eats {b} of them."),
+}
+_CHAIN_FOOD = ("cookies", "oranges", "apples")
+
+
+def arithmetic_chains(
+    num_problems: int = 1000,
+    num_steps: int = 3,
+    seed: int = 0,
+    instruction: str = INSTRUCTION,
+    *,
+    max_amount: int = 60,
+    max_change: int = 20,
+) -> datasets.Dataset:
+    """Built-in multi-step arithmetic word problems (no download): a starting amount, then ``num_steps - 1``
+    additions or subtractions, each in its own sentence, e.g. "Mia has 12 apples. She buys 7 more. She gives 5 to
+    Liam. How many apples does she have now?" (12 + 7 = 19, 19 - 5 = 14).
+
+    The solution has one equation per change, which is what a step of the paper's handoff protocol (steps split on
+    blank lines) can hold when the instruction asks for one step per paragraph
+    (for instance the one of `bench/pilot_task.py`).
+
+    Args:
+        num_problems: number of problems (>= 1, default 1000).
+        num_steps: numbers in the chain, the start included (>= 2, default 3).
+        seed: random seed; the same seed always gives the same problems, in the same order.
+        instruction: appended to each question (default [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION]).
+        max_amount: largest amount at any point, the answer included (>= 10, default 60); the start is at most
+            half of it.
+        max_change: largest number added or subtracted (>= 1, default 20).
+
+    Returns:
+        A ``datasets.Dataset`` with columns ``prompt`` and ``answer`` (as
+        [`load_math_dataset`][tandem_grpo.data.load_math_dataset]). Every amount is between 1 and ``max_amount``;
+        every change between 1 and ``max_change``.
+
+    Raises:
+        ValueError: if ``num_problems`` < 1, ``num_steps`` < 2, ``max_amount`` < 10 or ``max_change`` < 1.
+    """
+    checks = (("num_problems", num_problems, 1), ("num_steps", num_steps, 2), ("max_amount", max_amount, 10),
+              ("max_change", max_change, 1))  # fmt: skip
+    for name, value, least in checks:
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"{name} must be an integer >= {least}, got {value!r}.")
+    rng = random.Random(seed)
+    prompts, answers = [], []
+    for _ in range(num_problems):
+        (name, pron), (friend, _) = rng.sample(_NAMES, 2)
+        objs = rng.choice(_OBJECTS)
+        fill = {"name": name, "friend": friend, "pron": pron, "Pron": pron.capitalize(), "objs": objs,
+                "pron_obj": "her" if pron == "she" else "him"}  # fmt: skip
+        amount = rng.randint(3, max_amount // 2)
+        sentences = [rng.choice(_CHAIN_STARTS).format(a=amount, **fill)]
+        for _ in range(num_steps - 1):
+            op = "-" if amount >= max_amount else "+" if amount < 2 else rng.choice("+-")
+            high = min(max_change, max_amount - amount) if op == "+" else min(max_change, amount - 1)
+            b = rng.randint(1, high)
+            changes = [c for c in _CHAIN_CHANGES[op] if "eats" not in c or objs in _CHAIN_FOOD]
+            sentences.append(rng.choice(changes).format(b=b, **fill))
+            amount = amount + b if op == "+" else amount - b
+        sentences.append(f"How many {objs} does {name} have now?")
+        prompts.append([{"role": "user", "content": " ".join(sentences) + instruction}])
+        answers.append(str(amount))
     return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})

@@ -340,31 +340,12 @@ class TandemEngine:
             stop: strings that end a request, kept in its output (``include_stop_str_in_output``).
 
         Returns:
-            A [`TandemRollout`][tandem_grpo.vllm.engine.TandemRollout] (ids, authorship replayed and checked
-            against the engine's record).
+            The [`Rollout`][tandem_grpo.rollout.Rollout] of
+            [`generate_with_llm`][tandem_grpo.vllm.engine.generate_with_llm].
         """
-        from ..vllm.engine import (
-            boundary_tables,
-            engine_info,
-            finish_rollout,
-            merge_records,
-            new_uids,
-            sampling_params,
-        )
+        from ..vllm.engine import generate_with_llm
 
-        uids = new_uids(len(prompts))
-        extra = {"stop": list(stop), "include_stop_str_in_output": True} if stop else None
-        params = [
-            sampling_params(sampling, [seed], [uid], rule, max_tokens=cap, generation_kwargs=extra)[0]
-            for seed, uid, cap in zip(seeds, uids, max_new_tokens, strict=True)
-        ]
-        requests = [{"prompt_token_ids": list(p)} for p in prompts]
-        outputs = self.llm.generate(requests, sampling_params=params, use_tqdm=False)
-        completions = [list(out.outputs[0].token_ids) for out in outputs]
-        records = merge_records(self.llm.collective_rpc("tandem_pop_records", args=(uids,)), uids)
-        info = engine_info(self.llm)
-        tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
-        return finish_rollout(completions, None, records, seeds, rule, tables)
+        return generate_with_llm(self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop)
 
 
 _ENGINE: TandemEngine | None = None

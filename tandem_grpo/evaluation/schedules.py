@@ -130,9 +130,8 @@ def word_handoff_schedule(
             seeds=seeds.to(device),
             generator=generator,
         )
-        ids, authors = out.to_lists()
-        ids_out.extend(ids)
-        authors_out.extend(authors)
+        ids_out.extend(out.completion_ids)
+        authors_out.extend(out.authorship)
         if progress is not None:
             progress.update(len(batch))
     return ScheduleOutput(

@@ -135,7 +135,7 @@ class TandemVLLMClient(VLLMClient):
         Returns:
             ``(completion_ids, mixture_logprobs, records)``: token ids, vLLM's ``log P`` per token (``NaN`` where
             missing), and the processor's record per completion; assemble them with
-            [`finish_rollout`][tandem_grpo.vllm.engine.finish_rollout].
+            [`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine].
         """
         if len(prompts) != len(seeds):
             raise ValueError(f"{len(prompts)} prompts but {len(seeds)} seeds: pass one seed per completion.")

@@ -12,11 +12,11 @@ import math
 import os
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 
 import torch
 
-from ..handoff import BoundaryTables, HandoffRule, replay_authorship
+from ..handoff import BoundaryTables, HandoffRule
+from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import (
     ARCHITECTURE,
@@ -227,126 +227,11 @@ def sampling_params(
     ]
 
 
-@dataclass
-class TandemRollout:
-    """Per-completion outputs (lists of length ``B``, inner lists of each completion's length ``T_i``).
-
-    Attributes:
-        completion_ids: token ids, EOS included when generated.
-        senior_logprobs: the senior's exact score term of each token
-            ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]; natural log, at the sampling
-            temperature): ``log p_s(x)`` on senior tokens (``- log p_s(B)`` where the senior took a unit over),
-            ``log p_s(B)`` on junior tokens where the senior handed the unit over, ``NaN`` on other junior tokens;
-            on senior tokens minus the log of the mixture mass the top-k/top-p/min-p truncation kept at that
-            position (0 without truncation).
-        authorship: 1 where the senior wrote the token, 0 where the junior did (replayed from seed and tokens).
-        mixture_logprobs: what vLLM returned: ``log P`` of each token under the (truncated) mixture.
-        engine_authorship: the logits processor's own record of the authors (all tokens but the last of each
-            completion, which the engine never advanced over); equal to the prefix of ``authorship``.
-    """
-
-    completion_ids: list[list[int]]
-    senior_logprobs: list[list[float]] | None
-    authorship: list[list[int]]
-    mixture_logprobs: list[list[float]] | None
-    engine_authorship: list[list[int]]
-
-    def select(self, part: slice | Sequence[int]) -> TandemRollout:
-        """The rollout restricted to the completions in ``part`` (a slice or indices)."""
-
-        def take(values):
-            if values is None:
-                return None
-            return values[part] if isinstance(part, slice) else [values[i] for i in part]
-
-        return TandemRollout(
-            take(self.completion_ids),
-            take(self.senior_logprobs),
-            take(self.authorship),
-            take(self.mixture_logprobs),
-            take(self.engine_authorship),
-        )
-
-
 def _rules(rule: HandoffRule | Sequence[HandoffRule], count: int) -> list[HandoffRule]:
     rules = [rule] * count if isinstance(rule, HandoffRule) else list(rule)
     if len(rules) != count:
         raise ValueError(f"{len(rules)} rules for {count} completions: pass one rule, or one per completion.")
     return rules
-
-
-def replay(
-    completion_ids: Sequence[Sequence[int]],
-    seeds: Sequence[int],
-    rule: HandoffRule | Sequence[HandoffRule],
-    tables: BoundaryTables,
-) -> list[list[int]]:
-    """Authorship of each completion from its tokens and seed
-    ([`replay_authorship`][tandem_grpo.handoff.replay_authorship], batched per rule), cut to each completion's
-    length."""
-    rules = _rules(rule, len(completion_ids))
-    authorship: list[list[int]] = [[] for _ in completion_ids]
-    for current in dict.fromkeys(rules):
-        members = [i for i, r in enumerate(rules) if r == current]
-        width = max((len(completion_ids[i]) for i in members), default=0)
-        padded = torch.zeros(len(members), width, dtype=torch.long)
-        for row, i in enumerate(members):
-            padded[row, : len(completion_ids[i])] = torch.tensor(list(completion_ids[i]), dtype=torch.long)
-        replayed, _ = replay_authorship(padded, torch.tensor([seeds[i] for i in members]), tables, current)
-        for row, i in enumerate(members):
-            authorship[i] = replayed[row, : len(completion_ids[i])].tolist()
-    return authorship
-
-
-def finish_rollout(
-    completion_ids: list[list[int]],
-    mixture_logprobs: list[list[float]] | None,
-    records: Sequence[dict | None],
-    seeds: Sequence[int],
-    rule: HandoffRule | Sequence[HandoffRule],
-    tables: BoundaryTables,
-) -> TandemRollout:
-    """Authorship (replayed from seeds and tokens, checked against the engine's own record) and the senior's score
-    terms (vLLM's ``log P`` plus the processor's correction on senior tokens, the processor's ``log p_s(B)`` on junior
-    tokens the senior handed a unit to, ``NaN`` on other junior tokens; see
-    [`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]).
-
-    Args:
-        completion_ids: token ids per completion, from vLLM.
-        mixture_logprobs: vLLM's ``log P`` of each token per completion, or ``None``.
-        records: the processor's record per completion (``tandem_pop_records``).
-        seeds: the coin-stream seeds, as sent.
-        rule: the handoff rule, as sent: one, or one per completion.
-        tables: the engine's boundary tables ([`boundary_tables`][tandem_grpo.vllm.engine.boundary_tables]).
-
-    Raises:
-        RuntimeError: a record is missing, or the engine's authorship disagrees with the replay (the engine and
-            the client disagree on seeds, rule or boundary tables).
-    """
-    authorship = replay(completion_ids, seeds, rule, tables)
-    senior_logprobs = None if mixture_logprobs is None else []
-    engine_authorship = []
-    for i, record in enumerate(records):
-        if record is None:
-            raise RuntimeError(f"The tandem engine kept no record for completion {i}: was it a tandem request?")
-        engine_authors = list(record["authors"])
-        if engine_authors != authorship[i][: len(engine_authors)]:
-            raise RuntimeError(
-                f"Completion {i}: the engine's authorship differs from the replay of seed {seeds[i]}; the engine "
-                "and the client disagree on the handoff rule, seeds or boundary tables."
-            )
-        engine_authorship.append(engine_authors)
-        if senior_logprobs is not None:
-            corrections, handovers = record["corrections"], record.get("handovers", [])
-            senior_logprobs.append(
-                [
-                    lp + (corrections[t] if t < len(corrections) else 0.0)
-                    if author == 1
-                    else (handovers[t] if t < len(handovers) and handovers[t] is not None else math.nan)
-                    for t, (lp, author) in enumerate(zip(mixture_logprobs[i], authorship[i], strict=True))
-                ]
-            )
-    return TandemRollout(completion_ids, senior_logprobs, authorship, mixture_logprobs, engine_authorship)
 
 
 def _sampled_logprobs(output) -> list[float] | None:
@@ -366,10 +251,13 @@ def generate_with_llm(
     rule: HandoffRule | Sequence[HandoffRule],
     sampling: SamplingSettings | None = None,
     *,
-    max_tokens: int = 256,
+    max_tokens: int | Sequence[int] = 256,
+    stop: Sequence[str] = (),
     generation_kwargs: Mapping[str, object] | None = None,
-) -> TandemRollout:
-    """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion).
+) -> Rollout:
+    """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion): the training
+    rollouts of colocate mode and every vLLM measurement of the evaluation
+    ([`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine]).
 
     Args:
         llm: a ``vllm.LLM`` built with [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs].
@@ -377,18 +265,35 @@ def generate_with_llm(
         seeds: ``B`` coin-stream seeds (distinct per completion).
         rule: the handoff rule, or one per completion.
         sampling: the sampling settings (default ``SamplingSettings()``).
-        max_tokens: completion length cap (default 256).
+        max_tokens: completion length cap, one for all or one per completion (default 256).
+        stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``).
         generation_kwargs: more ``SamplingParams`` fields ([`request_fields`][tandem_grpo.vllm.engine.request_fields]).
 
+    Returns:
+        The [`Rollout`][tandem_grpo.rollout.Rollout]
+        ([`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine]).
+
     Raises:
-        ValueError: as many seeds as prompts are needed; see also
+        ValueError: as many seeds (and caps, when a list) as prompts are needed; see also
             [`request_fields`][tandem_grpo.vllm.engine.request_fields].
-        RuntimeError: see [`finish_rollout`][tandem_grpo.vllm.engine.finish_rollout].
+        RuntimeError: see [`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine].
     """
-    if len(prompt_ids) != len(seeds):
-        raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
-    uids = new_uids(len(seeds))
-    params = sampling_params(sampling, seeds, uids, rule, max_tokens=max_tokens, generation_kwargs=generation_kwargs)
+    count = len(prompt_ids)
+    caps = [max_tokens] * count if isinstance(max_tokens, int) else list(max_tokens)
+    if len(seeds) != count or len(caps) != count:
+        raise ValueError(
+            f"{count} prompts but {len(seeds)} seeds and {len(caps)} max_tokens: pass one per completion."
+        )
+    if not count:
+        return Rollout([], [], [], [], [])
+    extra = dict(generation_kwargs or {})
+    if stop:
+        extra.update(stop=list(stop), include_stop_str_in_output=True)
+    uids = new_uids(count)
+    params = [
+        sampling_params(sampling, [seed], [uid], [current], max_tokens=cap, generation_kwargs=extra)[0]
+        for seed, uid, current, cap in zip(seeds, uids, _rules(rule, count), caps, strict=True)
+    ]
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=False)
     completions = [list(out.outputs[0].token_ids) for out in outputs]
     logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
@@ -396,7 +301,7 @@ def generate_with_llm(
     records = merge_records(llm.collective_rpc("tandem_pop_records", args=(uids,)), uids)
     info = engine_info(llm)
     tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
-    return finish_rollout(completions, logprobs, records, seeds, rule, tables)
+    return Rollout.from_engine(completions, logprobs, records, seeds, rule, tables)
 
 
 def engine_info(llm) -> dict:

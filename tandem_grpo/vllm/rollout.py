@@ -33,6 +33,7 @@ import urllib.parse
 from collections.abc import Iterator
 
 from ..handoff import HandoffRule
+from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import check_v1_runner_options, check_vllm, select_v1_model_runner
 from .engine import (
@@ -40,7 +41,6 @@ from .engine import (
     boundary_tables,
     cpu_kv_cache_default,
     engine_kwargs,
-    finish_rollout,
     generate_with_llm,
 )
 
@@ -197,9 +197,7 @@ class TandemVLLMGeneration(VLLMGeneration):
         """The trainer's sampling settings (TRL passes ``GRPOConfig``'s fields to ``VLLMGeneration``)."""
         return SamplingSettings.from_config(self)
 
-    def generate_tandem(
-        self, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]
-    ) -> tuple[list[list[int]], list[list[float]] | None, list[list[int]]]:
+    def generate_tandem(self, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]) -> Rollout:
         """Tandem completions for this process's ``prompt_ids`` (one entry per completion, as TRL passes them).
 
         Args:
@@ -208,9 +206,8 @@ class TandemVLLMGeneration(VLLMGeneration):
             seeds: ``B`` coin-stream seeds, distinct per completion (the trainer keeps them to replay authorship).
 
         Returns:
-            ``(completion_ids, senior_logprobs, authorship)``: per completion, the token ids, the senior's exact
-            score terms (``TandemRollout.senior_logprobs``: ``NaN`` on junior tokens that carry no senior term;
-            ``None`` if vLLM returned none) and the authorship mask (1 senior, 0 junior).
+            The [`Rollout`][tandem_grpo.rollout.Rollout] of this process's completions (``senior_logprobs`` ``None``
+            if vLLM returned no log-probs).
         """
         if len(prompt_ids) != len(seeds):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
@@ -219,7 +216,7 @@ class TandemVLLMGeneration(VLLMGeneration):
             rollout = self._generate_server(prompt_ids, seeds, sampling)
         else:
             rollout = self._generate_colocate(prompt_ids, seeds, sampling)
-        return rollout.completion_ids, rollout.senior_logprobs, rollout.authorship
+        return rollout
 
     def _generate_in_process(self, prompt_ids, seeds, sampling: SamplingSettings):
         return generate_with_llm(
@@ -265,7 +262,7 @@ class TandemVLLMGeneration(VLLMGeneration):
             tables = boundary_tables(
                 self.model.name_or_path, int(info["vocab_size"]), tuple(int(i) for i in info["eos_token_ids"])
             )
-            payload = finish_rollout(ids, mixture, records, all_seeds, self.rule, tables)
+            payload = Rollout.from_engine(ids, mixture, records, all_seeds, self.rule, tables)
         else:
             payload = None
         box = [payload]
@@ -314,9 +311,7 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
         yield
 
 
-def generate_tandem(
-    trainer, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]
-) -> tuple[list[list[int]], list[list[float]] | None, list[list[int]]]:
+def generate_tandem(trainer, prompt_ids: list[list[int]], num_generations: int, seeds: list[int]) -> Rollout:
     """Tandem rollouts for ``TandemGRPOTrainer._generate_single_turn`` when ``use_vllm=True``.
 
     Call it where TRL calls ``self.vllm_generation.generate(...)`` (after TRL's ``sync_weights`` block).
@@ -330,9 +325,9 @@ def generate_tandem(
         seeds: one coin-stream seed per completion.
 
     Returns:
-        ``(completion_ids, senior_logprobs, authorship)`` lists of lists: token ids; the senior's exact score term
-        of each token at the sampling temperature (``TandemRollout.senior_logprobs``; ``NaN`` on junior tokens that
-        carry no senior term, which the trainer masks); 1/0 per token (senior/junior).
+        The [`Rollout`][tandem_grpo.rollout.Rollout]: token ids, authorship, unit starts, ``log p_s(B)``
+        coefficients and the senior's exact score term of each token at the sampling temperature (``NaN`` on junior
+        tokens that carry no senior term, which the trainer masks).
 
     Raises:
         TypeError: ``trainer.vllm_generation`` is not a tandem backend.
