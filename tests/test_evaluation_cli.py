@@ -320,6 +320,10 @@ def test_two_benchmarks_macro_average_and_paper_preset(tiny_dirs, gsm8k_three, t
         assert leg["macro"][metric] == pytest.approx(sum(means) / 2)
         # Each benchmark's own interval; the run-wide one pools them and says so.
         assert [leg["by_benchmark"][b][f"{metric}_with_null"]["mean"]["value"] for b in names] == pytest.approx(means)
+        # The headline's own interval: problems resampled within each benchmark.
+        macro = leg["macro"][f"{metric}_with_null"]
+        assert macro["mean"]["value"] == pytest.approx(sum(means) / 2) and macro["benchmarks"] == names
+        assert macro["mean"]["ci_low"] <= macro["mean"]["value"] <= macro["mean"]["ci_high"]
     assert leg["with_null_pooled_over_benchmarks"] is True
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert {(r["problem"], r["benchmark"]) for r in records} == {(0, names[0]), (1, names[0]), (2, names[1])}

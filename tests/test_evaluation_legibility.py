@@ -10,7 +10,13 @@ import pytest
 import torch
 from test_evaluation_metrics import tiny_llama
 
-from tandem_grpo.evaluation.legibility_intervals import benchmark_means, cot_mean, macro_average, paired_difference
+from tandem_grpo.evaluation.legibility_intervals import (
+    benchmark_means,
+    cot_mean,
+    macro_average,
+    macro_mean,
+    paired_difference,
+)
 from tandem_grpo.evaluation.metrics import legibility
 
 EOS = (1, 2)
@@ -158,3 +164,25 @@ def test_benchmark_means_are_each_benchmarks_mean_over_its_cots():
     assert macro_average(means) == pytest.approx(3.0)
     with pytest.raises(ValueError, match="3 benchmark names for 4 problems"):
         benchmark_means(values, ["a", "a", "b"])
+
+
+def test_macro_mean_has_the_headline_value_an_interval_that_covers_and_a_null_about_zero():
+    """Two benchmarks of different sizes and levels: the value is the authors' macro average, the stratified
+    interval covers the true macro mean (the mean of the two levels) in most replications, the even/odd null covers 0,
+    and a benchmark with nothing scored is left out."""
+    covered = null_covered = 0
+    for seed in range(20):
+        a = _draw(30, 4, seed)  # level 2
+        b = _draw(10, 4, 300 + seed, shift=2.0)  # level 4: the macro mean is 3.0 whatever the sizes
+        values, names = a + b, ["a"] * 30 + ["b"] * 10
+        out = macro_mean(values, names, seed=seed)
+        assert out["mean"]["value"] == pytest.approx(macro_average(benchmark_means(values, names)))
+        covered += out["mean"]["ci_low"] <= 3.0 <= out["mean"]["ci_high"]
+        null_covered += out["null_half_difference"]["ci_low"] <= 0.0 <= out["null_half_difference"]["ci_high"]
+    assert covered >= 16 and null_covered >= 16  # 19 expected at 95%
+    pooled = cot_mean(values)["mean"]["value"]
+    assert abs(pooled - out["mean"]["value"]) > 0.3, "the pooled mean weighs the larger benchmark more"
+    empty = macro_mean([[1.0, 3.0], [None, None]], ["a", "b"])
+    assert empty["mean"]["value"] == pytest.approx(2.0) and empty["benchmarks"] == ["a", "b"]
+    with pytest.raises(ValueError, match="1 benchmark names for 2 problems"):
+        macro_mean([[1.0], [2.0]], ["a"])

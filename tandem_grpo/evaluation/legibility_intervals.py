@@ -6,8 +6,9 @@ Source of the averaging: the authors' ``eval/legibility.py`` (repository CSSLab/
 decoded text, which carries no EOS); a benchmark's figure is the plain mean of those per-CoT values over every CoT
 of the benchmark (each CoT weighs the same, whatever its length); the headline is the macro average of the benchmark
 figures ([`benchmark_means`][tandem_grpo.evaluation.legibility_intervals.benchmark_means],
-[`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average]). CoTs with nothing left to
-score are left out. The per-CoT values come from
+[`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average]; with its interval and null:
+[`macro_mean`][tandem_grpo.evaluation.legibility_intervals.macro_mean]). CoTs with nothing left to score are left
+out. The per-CoT values come from
 [`metrics.legibility`][tandem_grpo.evaluation.metrics.legibility] (``per_completion``); this module adds the
 uncertainty the paper does not report:
 
@@ -201,3 +202,55 @@ def macro_average(by_benchmark: Mapping[str, float | None]) -> float | None:
     """
     figures = [float(v) for v in by_benchmark.values() if v is not None and not math.isnan(float(v))]
     return sum(figures) / len(figures) if figures else None
+
+
+def macro_mean(
+    values: Grouped,
+    benchmarks: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The authors' macro average ([`macro_average`][tandem_grpo.evaluation.legibility_intervals.macro_average] of
+    [`benchmark_means`][tandem_grpo.evaluation.legibility_intervals.benchmark_means]) with an interval and a null.
+
+    Each bootstrap resample draws every benchmark's problems with replacement within the benchmark (stratified, so
+    every resample keeps every benchmark and the macro average stays an average over all of them), recomputes each
+    benchmark's mean over its CoTs and averages them; the null is the same statistic on the even-indexed samples
+    minus the odd-indexed ones, as in [`cot_mean`][tandem_grpo.evaluation.legibility_intervals.cot_mean].
+
+    Args:
+        values: ``[P][k]`` per-CoT values of one model over the problems of every benchmark (``None`` or NaN: not
+            scored).
+        benchmarks: ``[P]`` the benchmark name of each problem.
+        confidence: interval level, in (0, 1) (default 0.95).
+        num_resamples: bootstrap resamples (default 1000).
+        seed: resampling seed (default 0); benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
+
+    Returns:
+        ``{"mean": interval, "null_half_difference": interval or None, "benchmarks": [names]}``; a benchmark with
+        no scored CoT is left out of the average. ``mean.value`` equals ``macro_average(benchmark_means(...))``.
+
+    Raises:
+        ValueError: no problems, ``benchmarks`` not aligned with ``values``, or ``confidence`` outside (0, 1).
+    """
+    _check("macro_mean", values)
+    if len(benchmarks) != len(values):
+        raise ValueError(f"macro_mean: {len(benchmarks)} benchmark names for {len(values)} problems.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+    names = list(dict.fromkeys(benchmarks))
+    groups = {b: [g for g, name in zip(values, benchmarks, strict=True) if name == b] for b in names}
+    weights = {b: _weights(len(groups[b]), num_resamples, seed + i) for i, b in enumerate(names)}
+
+    def macro(keep=lambda i: True) -> torch.Tensor:
+        means = torch.stack([_mean_over_cots(weights[b], *_sums(groups[b], keep)) for b in names])
+        return means.nanmean(dim=0)
+
+    method = _method(num_resamples, seed) + ", stratified by benchmark"
+    null = None
+    if min(len(g) for g in values) >= 2:
+        null = _estimate(macro(lambda i: i % 2 == 0) - macro(lambda i: i % 2 == 1), confidence, method, len(values))
+    return {"mean": _estimate(macro(), confidence, method, len(values)), "null_half_difference": null,
+            "benchmarks": names}  # fmt: skip

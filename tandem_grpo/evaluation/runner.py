@@ -52,7 +52,7 @@ from .backends import BACKENDS, VLLMBackend, check_backend_name, create_backend,
 from .drift import drift as drift_with_null
 from .drift import moved_back
 from .hacks import hack_detectors
-from .legibility_intervals import benchmark_means, cot_mean, macro_average, paired_difference
+from .legibility_intervals import benchmark_means, cot_mean, macro_average, macro_mean, paired_difference
 from .metrics import (
     DEFAULT_CURVE_MAX_K,
     DEFAULT_DRIFT_PREFIX_TOKENS,
@@ -984,6 +984,12 @@ def _measure_legibility(run: _Run, results: dict) -> None:
         entry["macro"] = {
             m: macro_average({b: v[m] for b, v in by_benchmark.items()}) for m in ("junior_cross_entropy", "overlap")
         } | {"benchmarks": names}
+        for metric in ("junior_cross_entropy", "overlap"):
+            grouped = per_problem(out, metric)
+            # The headline's interval and null: problems resampled within each benchmark.
+            entry["macro"][f"{metric}_with_null"] = (
+                None if grouped is None else macro_mean(grouped, run.benchmarks, **stats)
+            )
         return entry
 
     outputs = {name: score(m.resolved, m.model, f"legibility {name}") for name, m in run.seniors()}
