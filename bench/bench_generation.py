@@ -72,7 +72,7 @@ def time_generation(
             max_new_tokens=max_new_tokens, eos_token_ids=[], pad_token_id=tokenizer.pad_token_id,
             generator=torch.Generator(device=device).manual_seed(0),
         )  # fmt: skip
-        assert out.completion_ids.shape[1] == max_new_tokens
+        assert max(out.lengths) == max_new_tokens
 
     def sync() -> None:
         if device.type == "cuda":

@@ -208,7 +208,7 @@ def test_vllm_and_transformers_agree_on_authorship_statistics(engine, prompts, f
         eos_token_ids=info["eos_token_ids"], pad_token_id=tokenizer.pad_token_id, seeds=hf_seeds,
         generator=torch.Generator().manual_seed(0),
     )  # fmt: skip
-    hf_ids, hf_authors = out.to_lists()
+    hf_ids, hf_authors = out.completion_ids, out.authorship
     hf_units = _unit_stats(hf_ids, hf_authors, hf_seeds.tolist(), WORD, tables)
 
     assert abs(_junior_token_fraction(rollout.authorship[half]) - _junior_token_fraction(hf_authors)) < 0.2
