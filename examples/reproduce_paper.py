@@ -353,6 +353,7 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
         ValueError, OSError: bad data or settings, naming what was wrong.
     """
     from tandem_grpo.evaluation import EvaluationConfig
+    from tandem_grpo.handoff import HandoffRule
     from tandem_grpo.sampling import SamplingSettings
 
     root = Path(shared.output_dir)
@@ -390,10 +391,7 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             max_new_tokens=study.eval_max_new_tokens
             if study.eval_max_new_tokens is not None
             else shared.max_completion_length,
-            junior_probability=shared.junior_probability,
-            handoff_mode=shared.handoff_mode,
-            handoff_granularity=shared.handoff_granularity,
-            max_gap_tokens=shared.max_gap_tokens,
+            handoff=HandoffRule.from_config(shared),
             step_grid=list(study.eval_step_grid),
             backend=study.eval_backend,
             batch_size=study.eval_batch_size,

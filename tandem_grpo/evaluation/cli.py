@@ -26,6 +26,7 @@ import sys
 
 from transformers import HfArgumentParser
 
+from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .runner import MEASUREMENTS, EvaluationConfig, EvaluationError, evaluate
 
@@ -42,6 +43,28 @@ SAMPLING_HELP = {
 field metadata)."""
 
 
+@dataclasses.dataclass
+class HandoffFlags:
+    """The flags of [`EvaluationConfig.handoff`][tandem_grpo.evaluation.runner.EvaluationConfig], named and
+    defaulted as the training config's (``TandemGRPOConfig``);
+    [`HandoffRule.from_config`][tandem_grpo.handoff.HandoffRule.from_config] turns them into the rule."""
+
+    junior_probability: float = dataclasses.field(
+        default=0.5, metadata={"help": "Junior share p of the training-rule (word handoff) schedule."}
+    )
+    handoff_mode: str = dataclasses.field(
+        default="after_boundary",
+        metadata={"help": "Handoff rule of the training-rule schedule: after_boundary (the paper authors') or "
+                  "whole_unit."},
+    )  # fmt: skip
+    handoff_granularity: str = dataclasses.field(
+        default="word", metadata={"help": "Handoff unit of the training-rule schedule: word, sentence or token."}
+    )
+    max_gap_tokens: int = dataclasses.field(
+        default=32, metadata={"help": "Longest run without a handoff boundary in the training-rule schedule."}
+    )
+
+
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
     """Appends ``(default: ...)`` unless the default is ``None`` (the help then says what happens instead)."""
 
@@ -52,12 +75,14 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class EvaluateParser(HfArgumentParser):
-    """``HfArgumentParser`` over [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] and
-    [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]: one flag per field, named as the field, help from
-    the field's metadata, defaults from the dataclass.
+    """``HfArgumentParser`` over [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig],
+    [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] and
+    [`HandoffFlags`][tandem_grpo.evaluation.cli.HandoffFlags]: one flag per field, named as the field, help from the
+    field's metadata, defaults from the dataclass.
 
-    Differences from a plain ``HfArgumentParser``: the nested ``sampling`` field is not a flag (its five fields
-    are); ``--skip MEASUREMENT ...`` and ``--no_progress`` are kept from the earlier hand-written parser; and
+    Differences from a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are not flags
+    (their fields are, the rule's under the training config's names); ``--skip MEASUREMENT ...`` and
+    ``--no_progress`` are kept from the earlier hand-written parser; and
     [`error`][tandem_grpo.evaluation.cli.EvaluateParser.error] raises
     [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] instead of printing the usage and exiting,
     so every usage error ends as one ``error:`` line.
@@ -65,7 +90,7 @@ class EvaluateParser(HfArgumentParser):
 
     def __init__(self, prog: str = PROG) -> None:
         super().__init__(
-            (EvaluationConfig, SamplingSettings),
+            (EvaluationConfig, SamplingSettings, HandoffFlags),
             prog=prog,
             allow_abbrev=False,  # a shortened flag is refused, as in the example scripts (tandem_grpo.script_parser)
             formatter_class=_HelpFormatter,
@@ -83,7 +108,8 @@ class EvaluateParser(HfArgumentParser):
 
     @staticmethod
     def _parse_dataclass_field(parser, field: dataclasses.Field) -> None:
-        if dataclasses.is_dataclass(field.type):  # EvaluationConfig.sampling: parsed as SamplingSettings' own flags
+        # EvaluationConfig.sampling and .handoff: parsed as SamplingSettings' and HandoffFlags' own flags.
+        if dataclasses.is_dataclass(field.type):
             return
         HfArgumentParser._parse_dataclass_field(parser, field)
 
@@ -121,9 +147,11 @@ class EvaluateParser(HfArgumentParser):
         skip = values.pop("skip")
         try:
             sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in dataclasses.fields(SamplingSettings)})
+            flags = HandoffFlags(**{f.name: values.pop(f.name) for f in dataclasses.fields(HandoffFlags)})
+            handoff = HandoffRule.from_config(flags)
         except ValueError as err:
             raise EvaluationError(f"--{err}") from err
-        config = EvaluationConfig(**values, sampling=sampling)
+        config = EvaluationConfig(**values, sampling=sampling, handoff=handoff)
         config.measurements = [m for m in config.measurements if m not in skip]
         config.apply_preset(given=self.given_flags(argv))
         return config

@@ -137,9 +137,9 @@ class EvaluationConfig:
     """Everything an evaluation run depends on (all of it is written to ``results.json``).
 
     Each field is one ``tandem-grpo evaluate`` flag of the same name; its ``help`` metadata (printed by ``--help``
-    with the default) is its documentation. The defaults are the paper's where it has one (``junior_probability``
-    0.5, ``handoff_mode`` ``"after_boundary"``, ``handoff_granularity`` ``"word"``, ``max_gap_tokens`` 32,
-    ``drift_top_n`` 500).
+    with the default) is its documentation. The defaults are the paper's where it has one (the handoff rule's:
+    junior probability 0.5, the authors' ``"after_boundary"`` mode, word units, a 32-token cap; ``drift_top_n``
+    500).
 
     Attributes:
         checkpoints: senior checkpoints (local folders or hub ids, resolved by
@@ -148,6 +148,10 @@ class EvaluationConfig:
         base: the pre-RL model drift is measured against (default: ``junior``).
         sampling: sampling settings ([`SamplingSettings`][tandem_grpo.sampling.SamplingSettings], the ones
             training uses; the command line sets its fields with ``--temperature`` etc.).
+        handoff: the handoff rule of the word (training-rule) schedule
+            ([`HandoffRule`][tandem_grpo.handoff.HandoffRule], the rule training uses; the command line sets it with
+            the training config's flags ``--junior_probability``, ``--handoff_mode``, ``--handoff_granularity`` and
+            ``--max_gap_tokens``).
         pass_at: k values of pass@k, each ``<= k`` (default: 1, 2, 4, ... up to and including ``k``).
         pass_at_k_curve_max: the pass@k curve covers every k from 1 to ``min(pass_at_k_curve_max, k)``
             (default 32); see [`pass_at_k_curve`][tandem_grpo.evaluation.metrics.pass_at_k_curve].
@@ -196,11 +200,7 @@ class EvaluationConfig:
                                     "min(this, --k)); raise --k to reach it.")  # fmt: skip
     sampling: SamplingSettings = field(default_factory=SamplingSettings)
     max_new_tokens: int = _arg(256, "Completion length cap in tokens.")
-    junior_probability: float = _arg(0.5, "Junior share p of the training-rule (word handoff) schedule.")
-    handoff_mode: str = _arg("after_boundary", "Handoff rule of the training-rule schedule: after_boundary (the "
-                             "paper authors') or whole_unit.")  # fmt: skip
-    handoff_granularity: str = _arg("word", "Handoff unit of the training-rule schedule: word, sentence or token.")
-    max_gap_tokens: int = _arg(32, "Longest run without a handoff boundary in the training-rule schedule.")
+    handoff: HandoffRule = field(default_factory=HandoffRule)
     schedules: list[str] = _arg(list(SCHEDULES), "Handoff schedules to run: alternating (the paper's protocol: senior "
                                 "first, then one reasoning step each), word (the training rule), steps (s steps of "
                                 "one model, then the other).")  # fmt: skip
@@ -294,9 +294,6 @@ class EvaluationConfig:
             k *= 2
         return ks + [self.k]
 
-    def handoff_rule(self) -> HandoffRule:
-        return HandoffRule.from_config(self)
-
     def validate(self) -> None:
         """Check every argument that needs no model or data (after applying ``preset``); raise
         [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] naming it."""
@@ -354,9 +351,10 @@ class EvaluationConfig:
             raise EvaluationError(f"Unknown measurement(s) {unknown}; choose from {list(MEASUREMENTS)}.")
         try:
             check_backend_name(self.backend)
-            self.handoff_rule()
         except ValueError as err:
             raise EvaluationError(str(err)) from err
+        if not isinstance(self.handoff, HandoffRule):
+            raise EvaluationError(f"handoff={self.handoff!r}: pass a tandem_grpo.handoff.HandoffRule.")
         if self.num_threads is not None and self.num_threads < 1:
             raise EvaluationError(f"--num_threads {self.num_threads}: must be >= 1 (or omitted for torch's default).")
         for name in ("batch_size", "score_batch_size", "drift_top_n", "pass_at_k_curve_max", "drift_prefix_tokens"):
@@ -779,7 +777,7 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
     ``config.schedules``: the alternating protocol, the training rule and the step schedules (both orders, every
     ``s`` of the grid); returns each checkpoint's schedule outputs."""
     config, tokenizer, junior = run.config, run.tokenizer, run.junior
-    rule = config.handoff_rule()
+    rule = config.handoff
     schedule_outputs: dict[str, list[ScheduleOutput]] = {}
     for name, senior in run.seniors():
         outputs = []
