@@ -112,6 +112,17 @@ class Rollout:
         return sum(map(sum, self.authorship)) / tokens if tokens else 1.0
 
     @classmethod
+    def concatenate(cls, parts: Sequence[Rollout]) -> Rollout:
+        """One rollout of the completions of ``parts``, in order (e.g. the batches of one call). A field missing from
+        any part is missing from the result."""
+
+        def joined(name: str):
+            values = [getattr(part, name) for part in parts]
+            return None if any(v is None for v in values) else [row for v in values for row in v]
+
+        return cls(**{field.name: joined(field.name) for field in fields(cls)})
+
+    @classmethod
     def from_trace(
         cls,
         completion_ids: Sequence[Sequence[int]],

@@ -180,20 +180,13 @@ def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
     prompts = [encode(tok, "Tell me a story."), encode(tok, "Hi"), encode(tok, "What is 2 + 3?")]
     cap = 20
     rule = HandoffRule("word", 0.5)
-    out = word_handoff_schedule(
-        senior,
-        junior,
-        tok,
-        prompts,
-        SamplingSettings(),
-        rule,
-        max_new_tokens=cap,
-        eos_token_ids=[EOS],
-        pad_token_id=EOS,
-        batch_size=2,
-        seed=7,
-    )
-    assert out.name == "word_p0.5"
+    backend = TransformersBackend(senior, tok, batch_size=2, eos_token_ids=[EOS], show_progress=False, junior=junior)
+    out = word_handoff_schedule(backend, prompts, SamplingSettings(), rule, max_new_tokens=cap, seed=7)
+    assert out.name == "word_p0.5" and out.settings["backend"] == "transformers"
+    with pytest.raises(ValueError, match="no junior"):
+        TransformersBackend(senior, tok, eos_token_ids=[EOS]).tandem(
+            prompts, SamplingSettings(), rule, max_new_tokens=4
+        )
     tables = BoundaryTables.from_tokenizer(tok, len(tok), [EOS])
     all_authors = []
     for row, (ids, authors) in enumerate(zip(out.completion_ids, out.authorship, strict=True)):
@@ -207,17 +200,9 @@ def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
 
 @pytest.mark.parametrize(("p", "author"), [(0.0, 1), (1.0, 0)])
 def test_word_schedule_extremes(tok, senior, junior, p, author):
-    out = word_handoff_schedule(
-        senior,
-        junior,
-        tok,
-        [encode(tok, "Hello there")],
-        SamplingSettings(),
-        HandoffRule("word", p),
-        max_new_tokens=8,
-        eos_token_ids=[EOS],
-        pad_token_id=EOS,
-    )
+    backend = TransformersBackend(senior, tok, eos_token_ids=[EOS], show_progress=False, junior=junior)
+    out = word_handoff_schedule(backend, [encode(tok, "Hello there")], SamplingSettings(), HandoffRule("word", p),
+                                max_new_tokens=8)  # fmt: skip
     assert set(out.authorship[0]) == {author}
 
 

@@ -24,6 +24,8 @@ from collections.abc import Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from ..handoff import BoundaryTables, HandoffRule
+from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
 BACKENDS = ("transformers", "vllm")
@@ -163,6 +165,25 @@ class GenerationBackend:
         """
         raise NotImplementedError
 
+    def tandem(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule: HandoffRule,
+        *,
+        max_new_tokens: int,
+        seed: int = 0,
+        desc: str = "tandem",
+    ) -> Rollout:
+        """Co-generate one completion per prompt with this backend's model as the senior and the run's junior, under
+        the training handoff ``rule`` (the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``).
+
+        Returns:
+            The [`Rollout`][tandem_grpo.rollout.Rollout]: ids up to and including the first EOS, authorship, unit
+            starts and ``seeds``.
+        """
+        raise NotImplementedError
+
 
 class TransformersBackend(GenerationBackend):
     """Batched ``model.generate`` sampling with left padding (CPU or one GPU).
@@ -178,6 +199,8 @@ class TransformersBackend(GenerationBackend):
         eos_token_ids: default: training's ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids],
             TRL's rule).
         show_progress: draw a tqdm bar per call.
+        junior: the junior model [`tandem`][tandem_grpo.evaluation.backends.TransformersBackend.tandem] co-generates
+            with (default: none; also settable as the ``junior`` attribute).
 
     Raises:
         ValueError: ``batch_size < 1``, or no EOS id (none given, and neither the tokenizer nor the generation
@@ -194,6 +217,7 @@ class TransformersBackend(GenerationBackend):
         batch_size: int = 16,
         eos_token_ids: Sequence[int] | None = None,
         show_progress: bool = True,
+        junior=None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size={batch_size!r} must be >= 1.")
@@ -210,6 +234,8 @@ class TransformersBackend(GenerationBackend):
         pad = tokenizer.pad_token_id
         self.pad_token_id = int(pad if pad is not None else self.eos_token_ids[0])
         self.show_progress = show_progress
+        self.junior = junior
+        self._tables: BoundaryTables | None = None
 
     @property
     def device(self) -> torch.device:
@@ -266,6 +292,59 @@ class TransformersBackend(GenerationBackend):
             bar.update(len(batch))
         bar.close()
         return out
+
+    @torch.no_grad()
+    def tandem(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule: HandoffRule,
+        *,
+        max_new_tokens: int,
+        seed: int = 0,
+        desc: str = "tandem",
+    ) -> Rollout:
+        """[`tandem_generate`][tandem_grpo.generation.tandem_generate] over batches of ``batch_size`` prompts with
+        ``junior``; batch ``b``'s token draws use a generator seeded ``derive_seed(seed, "tokens", b)``.
+
+        Raises:
+            ValueError: no ``junior``.
+        """
+        from tqdm.auto import tqdm
+
+        from ..generation import tandem_generate
+
+        if self.junior is None:
+            raise ValueError("This TransformersBackend has no junior: build it with junior=<the junior model>.")
+        if self._tables is None:  # built once: from_tokenizer decodes the whole vocabulary
+            vocab = self.model.config.get_text_config().vocab_size
+            self._tables = BoundaryTables.from_tokenizer(self.tokenizer, vocab, self.eos_token_ids)
+        parts = []
+        bar = tqdm(total=len(prompts), desc=desc, unit="seq", disable=not self.show_progress, leave=False)
+        for b, start in enumerate(range(0, len(prompts), self.batch_size)):
+            batch = [list(p) for p in prompts[start : start + self.batch_size]]
+            input_ids, attention_mask = left_pad(batch, self.pad_token_id)
+            seeds = torch.tensor([derive_seed(seed, "coin", start + i) for i in range(len(batch))], dtype=torch.long)
+            generator = torch.Generator(device=self.device).manual_seed(derive_seed(seed, "tokens", b))
+            parts.append(
+                tandem_generate(
+                    self.model,
+                    self.junior,
+                    input_ids.to(self.device),
+                    attention_mask.to(self.device),
+                    rule=rule,
+                    tables=self._tables,
+                    sampling=sampling,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    seeds=seeds.to(self.device),
+                    generator=generator,
+                )  # fmt: skip
+            )
+            bar.update(len(batch))
+        bar.close()
+        return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
 
 
 class TandemEngine:
@@ -416,39 +495,37 @@ class VLLMBackend(GenerationBackend):
         desc: str = "generate",
         stop: Sequence[str] = (),
     ) -> list[list[int]]:
-        from ..handoff import HandoffRule
-
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
         rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)[0]
+        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)
 
     def tandem(
         self,
         prompts: Sequence[Sequence[int]],
         sampling: SamplingSettings,
-        rule,
+        rule: HandoffRule,
         *,
-        max_new_tokens: int | Sequence[int],
+        max_new_tokens: int,
         seed: int = 0,
-    ) -> tuple[list[list[int]], list[list[int]]]:
+        desc: str = "tandem",
+    ) -> Rollout:
         """Co-generate with this model in the senior slot (the junior's weights too, when it is evaluated as a
-        checkpoint) and the engine's junior under ``rule`` ([`HandoffRule`][tandem_grpo.handoff.HandoffRule]).
-
-        Returns:
-            ``(completion_ids, authorship)``: per prompt, ids up to and including the first EOS, and 1 (senior) /
-            0 (junior) per token.
-
-        Raises:
-            ValueError: a cap list of the wrong length.
-        """
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=True)
+        checkpoint) and the engine's junior under ``rule``: the engine's
+        [`Rollout`][tandem_grpo.rollout.Rollout] (``desc`` is unused: the engine draws no bar)."""
+        if not prompts:
+            return Rollout([], [], [], [], [])
+        self.engine.load_senior(self.path)
+        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
+        return self.engine.generate(prompts, sampling, rule, max_new_tokens=[max_new_tokens] * len(prompts),
+                                    seeds=seeds)  # fmt: skip
 
     def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool, stop: Sequence[str] = ()):
+        """One model's completions (``rule`` with junior probability 0 or 1), cut at EOS and at ``stop``."""
         caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
         if len(caps) != len(prompts):
             raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
         if not prompts:
-            return [], []
+            return []
         if load:
             self.engine.load_senior(self.path)
         seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
@@ -458,7 +535,7 @@ class VLLMBackend(GenerationBackend):
             if self.tokenizer is None:
                 raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
             ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
-        return ids, [a[: len(c)] for a, c in zip(out.authorship, ids, strict=True)]
+        return ids
 
 
 def check_backend_name(name: str) -> None:

@@ -72,7 +72,6 @@ from .schedules import (
     MAX_ROUNDS,
     ScheduleOutput,
     alternating_schedule,
-    engine_word_handoff_schedule,
     step_schedule,
     word_handoff_schedule,
 )
@@ -698,6 +697,9 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
                 batch_size=config.batch_size,
                 show_progress=config.show_progress,
             )
+    if config.backend == "transformers":
+        for m in models.values():  # the word schedule co-generates each model with the run's junior
+            m.backend.junior = models[junior_key].model
     if config.backend == "vllm":
         max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
         try:
@@ -795,19 +797,18 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
                     desc=f"alternating {name}",
                 )
             )
-        if "word" in config.schedules and isinstance(senior.backend, VLLMBackend):
+        if "word" in config.schedules:
             outputs.append(
-                engine_word_handoff_schedule(
+                word_handoff_schedule(
                     senior.backend,
                     run.rows,
                     config.sampling,
                     rule,
                     max_new_tokens=config.max_new_tokens,
                     seed=derive_seed(config.seed, "word", senior.path),
+                    desc=f"tandem {rule.granularity} p={rule.junior_probability:g} {name}",
                 )
             )
-        elif "word" in config.schedules:
-            outputs.append(_word_schedule(run, senior, rule, name))
         for s in config.step_grid if "steps" in config.schedules else []:
             for first, lead, other in (("senior", senior, junior), ("junior", junior, senior)):
                 outputs.append(
@@ -862,26 +863,6 @@ def _authorship_shares(run: _Run, out: ScheduleOutput) -> dict:
         return bootstrap_mean(values, c.confidence, seed=c.seed).to_dict() if values else None
 
     return {"senior_share": estimate(per_problem_share), "handed_over_share": estimate(per_problem_handed)}
-
-
-def _word_schedule(run: _Run, senior: _Model, rule, name: str) -> ScheduleOutput:
-    """The training-rule schedule on the transformers models (``tandem_generate``)."""
-    config, junior = run.config, run.junior
-    with run.progress(f"tandem {rule.granularity} p={rule.junior_probability:g} {name}") as bar:
-        return word_handoff_schedule(
-            senior.model,
-            junior.model,
-            run.tokenizer,
-            run.rows,
-            config.sampling,
-            rule,
-            max_new_tokens=config.max_new_tokens,
-            eos_token_ids=junior.backend.eos_token_ids,
-            pad_token_id=junior.backend.pad_token_id,
-            batch_size=config.batch_size,
-            seed=derive_seed(config.seed, "word", senior.path),
-            progress=bar,
-        )
 
 
 def _measure_drift(run: _Run, results: dict) -> None:

@@ -1,9 +1,9 @@
 """Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
 
 (a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself (a coin
-    at every word boundary, junior with probability p), through
-    [`tandem_generate`][tandem_grpo.generation.tandem_generate] (or the tandem vLLM engine:
-    [`engine_word_handoff_schedule`][tandem_grpo.evaluation.schedules.engine_word_handoff_schedule]).
+    at every word boundary, junior with probability p), through the backend's
+    [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] (``tandem_generate`` or the tandem vLLM
+    engine), which returns a [`Rollout`][tandem_grpo.rollout.Rollout] as training's rollouts.
 (b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
     ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
     completions with the junior; the mirror continues junior completions with the senior.
@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..handoff import JUNIOR, SENIOR, BoundaryTables, HandoffRule
+from ..handoff import JUNIOR, SENIOR, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, VLLMBackend, cut_at_eos, derive_seed, left_pad, stop_length
+from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length
 from .steps import handover_region
 
 
@@ -69,76 +69,40 @@ def word_schedule_name(rule: HandoffRule) -> str:
 
 @torch.no_grad()
 def word_handoff_schedule(
-    senior,
-    junior,
-    tokenizer,
+    backend: GenerationBackend,
     prompts: Sequence[Sequence[int]],
     sampling: SamplingSettings,
     rule: HandoffRule,
     *,
     max_new_tokens: int,
-    eos_token_ids: Sequence[int],
-    pad_token_id: int,
-    batch_size: int = 16,
     seed: int = 0,
-    progress=None,
+    desc: str = "tandem",
 ) -> ScheduleOutput:
-    """Schedule (a): co-generate with the training handoff rule (paper section 3) via ``tandem_generate``.
+    """Schedule (a): co-generate with the training handoff rule (paper section 3): ``backend``'s model as the
+    senior, the run's junior, one
+    [`GenerationBackend.tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call
+    (``tandem_generate`` on the transformers backend, the tandem engine on vLLM).
 
     Args:
-        senior: transformers causal LM sharing one vocabulary with ``junior``.
-        junior: transformers causal LM sharing one vocabulary with ``senior``.
-        tokenizer: their tokenizer.
+        backend: the senior's backend (a transformers one built with its ``junior``, or a
+            [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend]).
         prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
         sampling: sampling settings (the ones training uses).
         rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
         max_new_tokens: completion length cap.
-        eos_token_ids: token ids that end a completion.
-        pad_token_id: token id for padding.
-        batch_size: rows per ``tandem_generate`` call (default 16).
-        seed: coin streams use ``derive_seed(seed, "coin", row)``, token draws a ``torch.Generator`` seeded per
-            batch.
-        progress: optional tqdm-like, updated per batch.
+        seed: the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``.
+        desc: progress-bar label.
 
     Returns:
-        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the authorship ``tandem_generate``
-        recorded.
+        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the authorship the rule recorded
+        and ``settings["backend"]``.
     """
-    from ..generation import tandem_generate
-
-    device = next(senior.parameters()).device
-    # Built once here: tandem_generate would otherwise decode the whole vocabulary again for every batch.
-    tables = BoundaryTables.from_tokenizer(tokenizer, senior.config.get_text_config().vocab_size, list(eos_token_ids))
-    ids_out: list[list[int]] = []
-    authors_out: list[list[int]] = []
-    for b, start in enumerate(range(0, len(prompts), batch_size)):
-        batch = [list(p) for p in prompts[start : start + batch_size]]
-        input_ids, attention_mask = left_pad(batch, pad_token_id)
-        seeds = torch.tensor([derive_seed(seed, "coin", start + i) for i in range(len(batch))], dtype=torch.long)
-        generator = torch.Generator(device=device).manual_seed(derive_seed(seed, "tokens", b))
-        out = tandem_generate(
-            senior,
-            junior,
-            input_ids.to(device),
-            attention_mask.to(device),
-            rule=rule,
-            tables=tables,
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=list(eos_token_ids),
-            pad_token_id=pad_token_id,
-            seeds=seeds.to(device),
-            generator=generator,
-        )
-        ids_out.extend(out.completion_ids)
-        authors_out.extend(out.authorship)
-        if progress is not None:
-            progress.update(len(batch))
+    rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
     return ScheduleOutput(
         name=word_schedule_name(rule),
-        completion_ids=ids_out,
-        authorship=authors_out,
-        settings=_word_settings(rule),
+        completion_ids=rollout.completion_ids,
+        authorship=rollout.authorship,
+        settings=_word_settings(rule) | {"backend": backend.name},
     )
 
 
@@ -149,40 +113,6 @@ def _word_settings(rule: HandoffRule) -> dict:
         "junior_probability": rule.junior_probability,
         "max_gap_tokens": rule.max_gap_tokens,
     }
-
-
-def engine_word_handoff_schedule(
-    backend: VLLMBackend,
-    prompts: Sequence[Sequence[int]],
-    sampling: SamplingSettings,
-    rule: HandoffRule,
-    *,
-    max_new_tokens: int,
-    seed: int = 0,
-) -> ScheduleOutput:
-    """Schedule (a) on the tandem vLLM engine: ``backend``'s model in the senior slot, the engine's junior, the
-    training ``rule`` (what [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule] does
-    with transformers models).
-
-    Args:
-        backend: the senior's [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend].
-        prompts: token-id prompts, one completion each.
-        sampling: sampling settings (the ones training uses).
-        rule: the handoff rule.
-        max_new_tokens: completion length cap.
-        seed: coin streams use ``derive_seed(seed, "coin", row)``.
-
-    Returns:
-        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named and described as the transformers
-        schedule's, with ``settings["backend"] = "vllm"``.
-    """
-    ids, authorship = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed)
-    return ScheduleOutput(
-        name=word_schedule_name(rule),
-        completion_ids=ids,
-        authorship=authorship,
-        settings=_word_settings(rule) | {"backend": "vllm"},
-    )
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
