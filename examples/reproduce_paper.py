@@ -85,7 +85,7 @@ from pathlib import Path
 
 from tandem_grpo import TandemGRPOConfig
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import INSTRUCTIONS, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.data import BUILTIN_TASKS, INSTRUCTIONS, builtin_problems, load_math_dataset
 from tandem_grpo.evaluation.compare import (
     ARM_FIELDS,
     ARMS,
@@ -104,14 +104,14 @@ from tandem_grpo.models import SMOLLM2_ID
 from tandem_grpo.script_parser import ScriptParser
 
 PROG = "reproduce_paper.py"
-PRESETS = ("cpu-small", "gpu-1")
+PRESETS = ("cpu-paper", "cpu-small", "gpu-1")
 
 
 @dataclass
 class StudyArguments:
     """The study's own flags (the training flags are ``TandemGRPOConfig``'s)."""
 
-    preset: str = field(default="cpu-small", metadata={"help": "Settings to start from.", "choices": list(PRESETS)})
+    preset: str = field(default="cpu-paper", metadata={"help": "Settings to start from.", "choices": list(PRESETS)})
     seeds: list[int] = field(default_factory=lambda: [1], metadata={"help": "Training seeds: every arm is trained "
                              "once per seed (arms x seeds runs)."})  # fmt: skip
     dry_run: bool = field(default=False, metadata={"help": "Print the plan and exit without loading any model."})
@@ -128,6 +128,9 @@ class StudyArguments:
     instruction: str | None = field(default=None, metadata={"help": "What each question asks for, in training and "
                                     "evaluation: one_line or step_by_step (tandem_grpo.data.INSTRUCTIONS). Default: "
                                     "the preset's."})  # fmt: skip
+    task: str | None = field(default=None, metadata={"help": "Built-in problem family when --dataset_name is not "
+                             "given (tandem_grpo.data.BUILTIN_TASKS: two_operand, chain2, chain2_small, "
+                             "chain3_small). Default: the preset's."})  # fmt: skip
     problem_seed: int = field(default=0, metadata={"help": "Seed of the built-in arithmetic problems (the same for "
                               "every arm and seed)."})  # fmt: skip
     kl_beta: float | None = field(default=None, metadata={"help": "KL coefficient of the KL-to-junior arm (> 0). "
@@ -145,6 +148,14 @@ class StudyArguments:
                                              "schedules. Default: the preset's."})  # fmt: skip
     eval_backend: str | None = field(default=None, metadata={"help": "Evaluation backend: transformers or vllm. "
                                      "Default: the preset's."})  # fmt: skip
+    eval_schedules: list[str] | None = field(default=None, metadata={"help": "Handoff schedules of the evaluation "
+                                             "(alternating, word, steps). Default: the preset's."})  # fmt: skip
+    eval_temperature: float | None = field(default=None, metadata={"help": "Evaluation sampling temperature. "
+                                           "Default: the preset's (none: the training's)."})  # fmt: skip
+    eval_top_p: float | None = field(default=None, metadata={"help": "Evaluation top-p. Default: the preset's "
+                                     "(none: the training's)."})  # fmt: skip
+    eval_top_k: int | None = field(default=None, metadata={"help": "Evaluation top-k. Default: the preset's (none: "
+                                   "the training's)."})  # fmt: skip
     eval_batch_size: int | None = field(default=None, metadata={"help": "Sequences per evaluation generation call. "
                                         "Default: the preset's."})  # fmt: skip
     eval_seed: int = field(default=0, metadata={"help": "Seed of the evaluation's draws (the same for every seed's "
@@ -156,19 +167,41 @@ class StudyArguments:
 
 # --------------------------------------------------------------------------------------------------- presets
 
+# The paper's evaluation decoding (the authors' eval scripts; `tandem-grpo evaluate --preset paper`).
+PAPER_EVAL_SAMPLING = dict(eval_temperature=0.7, eval_top_p=0.8, eval_top_k=20)
 PRESET_STUDY = {
     # Every core (--cpu_threads default): one job at a time. Two jobs side by side at one thread each were each about
     # 2.9x slower than alone at two threads (measured: a tandem step 81 s instead of 28 s).
-    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, instruction="one_line",
-                      kl_beta=0.04,
+    # cpu-paper: the task bench/pilot_task.py chose (results/pilot: the base's pass@1 between 10% and 40% at the
+    # evaluation's sampling, several blank-line-separated steps), the paper's evaluation sizes and decoding.
+    "cpu-paper": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="chain2",
+                      instruction="steps", kl_beta=1e-3, eval_max_new_tokens=256,
+                      eval_limit=100, eval_k=8, eval_step_grid=[1], eval_backend="vllm", eval_batch_size=16,
+                      eval_schedules=["alternating", "word"], **PAPER_EVAL_SAMPLING),
+    # cpu-small: the earlier study (results/cpu-small), kept to reread it; its base solved none of its problems.
+    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="two_operand",
+                      instruction="one_line", kl_beta=0.04, eval_max_new_tokens=None,
                       eval_limit=20, eval_k=4, eval_step_grid=[1], eval_backend="transformers",
-                      eval_batch_size=16),
+                      eval_batch_size=16, eval_schedules=None, eval_temperature=None, eval_top_p=None,
+                      eval_top_k=None),
     "gpu-1": dict(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", dataset_name="gsm8k",
-                  instruction="step_by_step",
-                  kl_beta=0.04, eval_limit=500, eval_k=8, eval_step_grid=[1, 2, 3], eval_backend="vllm",
-                  eval_batch_size=64),
+                  task=None, instruction="step_by_step", eval_max_new_tokens=None,
+                  kl_beta=1e-3, eval_limit=500, eval_k=8, eval_step_grid=[1, 2, 3], eval_backend="vllm",
+                  eval_batch_size=64, eval_schedules=None, **PAPER_EVAL_SAMPLING),
 }  # fmt: skip
 PRESET_TRAINING = {
+    "cpu-paper": dict(
+        output_dir="outputs/reproduce-cpu-paper",
+        per_device_train_batch_size=8,
+        gradient_accumulation_steps=2,  # 16 completions = 2 prompts x 8 generations per optimizer step
+        num_generations=8,
+        max_completion_length=128,  # training; the evaluation gets the pilot's 256 (--eval_max_new_tokens)
+        max_steps=30,
+        learning_rate=2e-5,
+        # The paper's reward: the binary verifier alone. format_reward is logged (rewards/format_reward/mean), not
+        # rewarded.
+        reward_weights=[1.0, 0.0],
+    ),
     "cpu-small": dict(
         output_dir="outputs/reproduce-cpu-small",
         # The main job's settings (examples/train_math.py), with which its format reward rises within 30 steps.
@@ -187,6 +220,8 @@ PRESET_TRAINING = {
         max_completion_length=512,
         max_steps=100,
         learning_rate=1e-6,
+        temperature=0.6,  # the authors' rollout temperature
+        reward_weights=[1.0, 0.0],  # the binary verifier alone; the format reward is logged, not rewarded
         # bf16 is left unset: TandemGRPOConfig turns it on where the GPU supports it (and off for a CPU dry run).
         gradient_checkpointing=True,
         use_vllm=True,
@@ -209,6 +244,10 @@ COMMON_TRAINING = dict(
 # are guesses from the sizes, not measurements. Training steps scale with completions x tokens; the evaluation per
 # problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
 TIMINGS = {
+    # cpu-paper: cpu-small's measured step times scaled to its sizes (not measured at these sizes); its evaluation
+    # per problem guessed from the pilot's vLLM sampling (8 samples of ~100 tokens per problem in about 6 s).
+    "cpu-paper": dict(measured=False, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
+                      tokens=64, eval_base=12.0, eval_schedule=6.0, eval_k=8, eval_tokens=256, overhead=120.0),
     # Median step times of the committed run (results/cpu-small); its evaluation took 10.6 min for 20 problems, split
     # between solo samples plus legibility and each handoff schedule in the proportion measured earlier (52.5 : 32.8).
     "cpu-small": dict(measured=True, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
@@ -228,7 +267,7 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyArguments, TandemGRP
     argv = list(sys.argv[1:] if argv is None else argv)
     # The preset decides the other defaults, so it is read first.
     pre = argparse.ArgumentParser(add_help=False)
-    pre.add_argument("--preset", default="cpu-small")
+    pre.add_argument("--preset", default=StudyArguments.preset)
     preset = pre.parse_known_args(argv)[0].preset
     if preset not in PRESETS:
         raise ValueError(f"--preset {preset!r}: choose one of {', '.join(PRESETS)}.")
@@ -281,6 +320,13 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError(f"--eval_backend {study.eval_backend!r}: choose {' or '.join(BACKENDS)}.")
     if study.instruction not in INSTRUCTIONS:
         raise ValueError(f"--instruction {study.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
+    if study.dataset_name is None and study.task not in BUILTIN_TASKS:
+        raise ValueError(f"--task {study.task!r}: choose one of {', '.join(BUILTIN_TASKS)} (or give --dataset_name).")
+    if training.reward_weights is not None and len(training.reward_weights) != 2:
+        raise ValueError(f"--reward_weights {training.reward_weights}: give two weights, for accuracy_reward and "
+                         "format_reward (1 0: the paper's binary reward, the format reward only logged).")  # fmt: skip
+    if study.eval_schedules and not set(study.eval_schedules) <= {"alternating", "word", "steps"}:
+        raise ValueError(f"--eval_schedules {study.eval_schedules}: choose from alternating, word, steps.")
     if study.num_problems is not None and study.num_problems < 1:
         raise ValueError(f"--num_problems {study.num_problems}: must be >= 1.")
     if training.max_steps is None or training.max_steps < 1:
@@ -330,10 +376,10 @@ def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
         return load_math_dataset(study.dataset_name, split=study.dataset_train_split, limit=num,
                                  instruction=instruction), None  # fmt: skip
     if study.eval_dataset is not None:  # evaluated on another set: nothing to hold out
-        return arithmetic_word_problems(num, seed=study.problem_seed, instruction=instruction), None
+        return builtin_problems(study.task, num, seed=study.problem_seed, instruction=instruction), None
     want = study.eval_limit
     # A generous stream: the small operand ranges repeat problems, and repeats of training problems are dropped.
-    stream = arithmetic_word_problems(num + 4 * want + 64, seed=study.problem_seed, instruction=instruction)
+    stream = builtin_problems(study.task, num + 4 * want + 64, seed=study.problem_seed, instruction=instruction)
     train = stream.select(range(num))
     seen = {row[0]["content"] for row in train["prompt"]}
     held_out, questions = [], set()
@@ -346,6 +392,18 @@ def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
     return train, held_out
 
 
+def eval_sampling(study: StudyArguments, shared: TandemGRPOConfig):
+    """The evaluation's sampling settings: the training's, with ``--eval_temperature/top_p/top_k`` where given."""
+    import dataclasses
+
+    from tandem_grpo.sampling import SamplingSettings
+
+    given = {"temperature": study.eval_temperature, "top_p": study.eval_top_p, "top_k": study.eval_top_k}
+    return dataclasses.replace(
+        SamplingSettings.from_config(shared), **{k: v for k, v in given.items() if v is not None}
+    )
+
+
 def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
     """Load the data, build every arm's config and every seed's evaluation settings (no model is loaded).
 
@@ -354,7 +412,6 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
     """
     from tandem_grpo.evaluation import EvaluationConfig
     from tandem_grpo.handoff import HandoffRule
-    from tandem_grpo.sampling import SamplingSettings
 
     root = Path(shared.output_dir)
     report_dir = Path(study.report_dir) if study.report_dir else root / "report"
@@ -387,12 +444,13 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             instruction=study.instruction,
             limit=study.eval_limit,
             k=study.eval_k,
-            sampling=SamplingSettings.from_config(shared),
+            sampling=eval_sampling(study, shared),
             max_new_tokens=study.eval_max_new_tokens
             if study.eval_max_new_tokens is not None
             else shared.max_completion_length,
             handoff=HandoffRule.from_config(shared),
             step_grid=list(study.eval_step_grid),
+            **({"schedules": list(study.eval_schedules)} if study.eval_schedules else {}),
             backend=study.eval_backend,
             batch_size=study.eval_batch_size,
             dtype=study.dtype,
@@ -433,7 +491,7 @@ def describe(plan: Plan) -> str:
     lines = [
         f"Preset {study.preset}: base {study.model_name_or_path} ({study.dtype}); arms {', '.join(ARMS)}; "
         f"seeds {study.seeds}.",
-        f"Training: {len(plan.train_dataset)} problems ({study.dataset_name or 'built-in arithmetic'}), "
+        f"Training: {len(plan.train_dataset)} problems ({study.dataset_name or 'built-in ' + study.task}), "
         f"instruction {study.instruction}, "
         f"{shared.max_steps} steps per arm x {prompts_per_step(shared)} prompts x {shared.num_generations} "
         f"generations, {shared.max_completion_length} completion tokens, lr {shared.learning_rate:g}, "
@@ -448,8 +506,10 @@ def describe(plan: Plan) -> str:
         )
     lines += [
         f"Evaluation per seed: {first.limit} problems of {plan.eval_source} ({first.split}), k={first.k}, "
-        f"{first.max_new_tokens} new tokens, step schedules s={first.step_grid}, backend {first.backend}, "
-        f"seed {first.seed}; junior and base: {first.junior}.",
+        f"{first.max_new_tokens} new tokens, temperature {first.sampling.temperature:g}, "
+        f"top-p {first.sampling.top_p:g}, top-k {first.sampling.top_k}, schedules {', '.join(first.schedules)} "
+        f"(step schedules s={first.step_grid}), backend {first.backend}, seed {first.seed}; junior and base: "
+        f"{first.junior}.",
         f"Report: {plan.report_dir} (results.json, report.md, report.html, command.txt, seed-<s>/ plots and "
         "samples.html).",
         f"Estimated time: {_duration(seconds)} ({'from measured step times' if measured else 'not measured'}).",

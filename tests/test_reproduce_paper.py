@@ -59,7 +59,10 @@ def _check_arms(study, plan, seed: int) -> None:
     assert tandem.handoff_granularity == "word" and tandem.max_gap_tokens == 32
     for config in (grpo, tandem, kl):  # same seed (hence data order), step budget, sampling
         assert config.seed == seed and config.max_steps == plan.shared.max_steps
-        assert (config.temperature, config.top_p, config.top_k) == (1.0, 1.0, 0)
+        assert (config.temperature, config.top_p, config.top_k) == (
+            plan.shared.temperature, plan.shared.top_p, plan.shared.top_k,
+        )  # fmt: skip
+        assert config.reward_weights == plan.shared.reward_weights
     # One training set for every arm and seed; every seed's evaluation sees the same problems.
     assert len({c.dataset for c in plan.evaluation.values()}) == 1
 
@@ -343,12 +346,41 @@ def test_dry_run_gpu_1(study, tmp_path, capsys, no_model_loading):
     assert plan.configs[(1, "kl_to_junior")].beta == 0.1
     assert all(c.use_vllm and c.vllm_mode == "colocate" for c in plan.configs.values())
     assert plan.evaluation[1].dataset == "gsm8k" and plan.evaluation[1].k == 8
+    # The authors' settings: rollout temperature 0.6, the binary reward (format logged, not rewarded), their eval
+    # decoding.
+    assert plan.shared.temperature == 0.6 and plan.shared.reward_weights == [1.0, 0.0]
+    sampling = plan.evaluation[1].sampling
+    assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.7, 0.8, 20)
+
+
+def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
+    """The default preset: the pilot's task (chain2) and instruction (steps), the binary reward, the paper's
+    evaluation decoding and sizes (100 held-out problems x 8, the alternating protocol and the word rule)."""
+    out = tmp_path / "study"
+    study.main(["--dry_run", "--output_dir", str(out)])
+    printed = capsys.readouterr().out
+    assert "Preset cpu-paper" in printed and "built-in chain2" in printed and "schedules alternating, word" in printed
+    plan = study.build_plan(*study.parse_args(["--output_dir", str(out)]))
+    _check_arms(study, plan, 1)
+    assert plan.study.task == "chain2" and plan.study.instruction == "steps"
+    assert plan.shared.reward_weights == [1.0, 0.0] and plan.shared.num_generations == 8
+    evaluation = plan.evaluation[1]
+    assert (evaluation.limit, evaluation.k, evaluation.max_new_tokens) == (100, 8, 256)
+    assert (evaluation.sampling.temperature, evaluation.sampling.top_p, evaluation.sampling.top_k) == (0.7, 0.8, 20)
+    assert evaluation.schedules == ["alternating", "word"] and evaluation.backend == "vllm"
+    instruction = study.INSTRUCTIONS["steps"]
+    train = {p[0]["content"].removesuffix(instruction) for p in plan.train_dataset["prompt"]}
+    assert len(plan.eval_rows) == 100 and not train & {r["question"] for r in plan.eval_rows}
+    assert all(". How many" in r["question"] for r in plan.eval_rows), "chain problems: a start, changes, a question"
 
 
 @pytest.mark.parametrize(
     "argv, expected",
     [
         (["--kl_beta", "0"], "--kl_beta"),
+        (["--task", "chain9"], "--task"),
+        (["--reward_weights", "1"], "--reward_weights"),
+        (["--eval_schedules", "zigzag"], "--eval_schedules"),
         (["--preset", "tpu"], "--preset"),
         (["--junior_probability", "0"], "--junior_probability"),
         (["--junior_probability", "2"], "junior_probability"),
@@ -397,7 +429,9 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     command = [sys.executable, str(SCRIPT), "--model_name_or_path", tiny_base, "--output_dir", str(out),
                "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
                "--max_completion_length", "8", "--eval_limit", "3", "--eval_k", "2", "--eval_step_grid", "1",
-               "--eval_batch_size", "8", "--cpu_threads", "1", "--disable_tqdm", "true"]  # fmt: skip
+               "--eval_batch_size", "8", "--cpu_threads", "1", "--disable_tqdm", "true",
+               # The default preset (cpu-paper) but on transformers: vLLM's CPU attention refuses the tiny head size.
+               "--eval_backend", "transformers", "--eval_max_new_tokens", "8"]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     for arm in ("grpo", "tandem", "kl_to_junior"):
@@ -444,7 +478,12 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     markdown = (report / "report.md").read_text()
     assert "## Where each row comes from" in markdown and "; null " in markdown
     training = results["study"]["arms"]
-    assert training["kl_to_junior"]["training"]["1"]["beta"] == 0.04
+    assert training["kl_to_junior"]["training"]["1"]["beta"] == 0.001  # the authors' k3 coefficient
+    # The paper's reward: the verifier alone; the format reward is logged beside it, not added to it.
+    history = json.loads((out / "seed-1" / "grpo" / "log_history.json").read_text())
+    steps = [entry for entry in history if "reward" in entry]
+    assert steps and all("rewards/format_reward/mean" in entry for entry in steps)
+    assert all(entry["reward"] == pytest.approx(entry["rewards/accuracy_reward/mean"]) for entry in steps)
     assert training["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
     assert training["grpo"]["training"]["1"]["mean_senior_token_fraction"] == 1.0
     assert training["tandem"]["training"]["1"]["mean_senior_token_fraction"] < 1.0

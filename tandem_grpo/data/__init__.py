@@ -19,23 +19,27 @@ Modules, each name importable from ``tandem_grpo.data`` and documented on this p
   [`to_example`][tandem_grpo.data.to_example]), with the row formats it accepts;
 * [`arithmetic`][tandem_grpo.data.arithmetic]: the built-in arithmetic word problems
   ([`arithmetic_word_problems`][tandem_grpo.data.arithmetic_word_problems],
-  [`arithmetic_chains`][tandem_grpo.data.arithmetic_chains]).
+  [`arithmetic_chains`][tandem_grpo.data.arithmetic_chains], by name:
+  [`BUILTIN_TASKS`][tandem_grpo.data.BUILTIN_TASKS]).
 """
 
 from .answers import gsm8k_gold, last_boxed
-from .arithmetic import arithmetic_chains, arithmetic_word_problems
-from .instructions import INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION
+from .arithmetic import BUILTIN_TASKS, arithmetic_chains, arithmetic_word_problems, builtin_problems
+from .instructions import INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION, STEPS_INSTRUCTION
 from .loading import DATA_DIR_ENV, DATASETS, HubDataset, load_math_dataset, to_example
 
 __all__ = [
+    "BUILTIN_TASKS",
     "DATASETS",
     "DATA_DIR_ENV",
     "INSTRUCTION",
     "INSTRUCTIONS",
     "ONE_LINE_INSTRUCTION",
+    "STEPS_INSTRUCTION",
     "HubDataset",
     "arithmetic_chains",
     "arithmetic_word_problems",
+    "builtin_problems",
     "gsm8k_gold",
     "last_boxed",
     "load_math_dataset",

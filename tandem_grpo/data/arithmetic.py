@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import datasets
 
 from .instructions import INSTRUCTION
 
-__all__ = ["arithmetic_chains", "arithmetic_word_problems"]
+__all__ = ["BUILTIN_TASKS", "arithmetic_chains", "arithmetic_word_problems", "builtin_problems"]
 
 _NAMES: tuple[tuple[str, str], ...] = (
     ("Mia", "she"),
@@ -189,3 +190,31 @@ def arithmetic_chains(
         prompts.append([{"role": "user", "content": " ".join(sentences) + instruction}])
         answers.append(str(amount))
     return datasets.Dataset.from_dict({"prompt": prompts, "answer": answers})
+
+
+BUILTIN_TASKS: dict[str, Callable[..., datasets.Dataset]] = {
+    "two_operand": arithmetic_word_problems,
+    "chain2": lambda num_problems, seed, instruction: arithmetic_chains(num_problems, 2, seed, instruction),
+    "chain2_small": lambda num_problems, seed, instruction: arithmetic_chains(
+        num_problems, 2, seed, instruction, max_amount=20, max_change=9
+    ),
+    "chain3_small": lambda num_problems, seed, instruction: arithmetic_chains(
+        num_problems, 3, seed, instruction, max_amount=20, max_change=9
+    ),
+}
+"""The built-in problem families by name, each ``(num_problems, seed, instruction) -> Dataset``: ``two_operand``
+([`arithmetic_word_problems`][tandem_grpo.data.arithmetic_word_problems]); ``chain2`` (a start and one change, amounts
+up to 60, changes up to 20); ``chain2_small`` and ``chain3_small`` (one or two changes, amounts up to 20, changes up to
+9) ([`arithmetic_chains`][tandem_grpo.data.arithmetic_chains]). ``bench/pilot_task.py`` measures the base model on
+each."""
+
+
+def builtin_problems(task: str, num_problems: int, seed: int = 0, instruction: str = INSTRUCTION) -> datasets.Dataset:
+    """``num_problems`` problems of the built-in family ``task`` ([`BUILTIN_TASKS`][tandem_grpo.data.BUILTIN_TASKS]).
+
+    Raises:
+        ValueError: an unknown ``task`` (naming the families), or a bad ``num_problems``.
+    """
+    if task not in BUILTIN_TASKS:
+        raise ValueError(f"Unknown built-in task {task!r}; choose one of {', '.join(BUILTIN_TASKS)}.")
+    return BUILTIN_TASKS[task](num_problems, seed, instruction)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["INSTRUCTION", "INSTRUCTIONS", "ONE_LINE_INSTRUCTION"]
+__all__ = ["INSTRUCTION", "INSTRUCTIONS", "ONE_LINE_INSTRUCTION", "STEPS_INSTRUCTION"]
 
 INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 """Appended to every question by default: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
@@ -15,5 +15,17 @@ ONE_LINE_INSTRUCTION = (
 completions give a ``\\boxed{}`` answer and 28% reach the token cap, against 3% and 91% with
 [`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], which leaves GRPO almost no reward to learn from at that length."""
 
-INSTRUCTIONS: dict[str, str] = {"step_by_step": INSTRUCTION, "one_line": ONE_LINE_INSTRUCTION}
-"""The instructions by the names the command lines take (``--instruction step_by_step|one_line``)."""
+STEPS_INSTRUCTION = (
+    "\n\nSolve it step by step: write one calculation per line, leave a blank line between the lines, "
+    "and give the final answer as \\boxed{}."
+)
+"""One calculation per paragraph: steps the paper's alternating handoff protocol (which splits on blank lines) can
+hand over; the reproduction study's instruction (chosen by ``bench/pilot_task.py``, whose output is in
+``results/pilot``)."""
+
+INSTRUCTIONS: dict[str, str] = {
+    "step_by_step": INSTRUCTION,
+    "one_line": ONE_LINE_INSTRUCTION,
+    "steps": STEPS_INSTRUCTION,
+}
+"""The instructions by the names the command lines take (``--instruction step_by_step|one_line|steps``)."""
