@@ -419,6 +419,38 @@ def test_arithmetic_example_from_the_docs_reads_naturally():
         assert int(answer) == int(match[2]) + int(match[4])
 
 
+def _replay_chain(question: str) -> int:
+    """The answer of a chain problem computed from its text alone: the start, then each change's verb."""
+    sentences = question.split(". ")
+    amount = int(re.search(r"\d+", sentences[0])[0])
+    for sentence in sentences[1:-1]:
+        b = int(re.search(r"\d+", sentence)[0])
+        amount += b if re.search(r"buys|finds|gives (her|him)", sentence) else -b
+    return amount
+
+
+@pytest.mark.parametrize(("task", "changes", "largest", "change"), [("chain2", 1, 60, 20), ("chain3_small", 2, 20, 9)])
+def test_chain_problems_answers_and_ranges(task, changes, largest, change):
+    """Every chain problem's gold answer is what its sentences compute, every amount stays in range, and the same seed
+    gives the same problems."""
+    ds = data.builtin_problems(task, 300, seed=5)
+    assert ds.to_list() == data.builtin_problems(task, 300, seed=5).to_list()
+    ops = set()
+    for example in ds:
+        question = _question(example)
+        assert question.endswith("have now?") and len(question.split(". ")) == changes + 2, question
+        numbers = [int(n) for n in re.findall(r"\d+", question)]
+        assert all(1 <= n <= change for n in numbers[1:]) and 1 <= numbers[0] <= largest // 2, question
+        assert example["answer"] == str(_replay_chain(question)), question
+        assert 1 <= int(example["answer"]) <= largest
+        ops |= {"+" if re.search(r"buys|finds|gives (her|him)", s) else "-" for s in question.split(". ")[1:-1]}
+    assert ops == {"+", "-"}
+    with pytest.raises(ValueError, match="Unknown built-in task 'chain9'.*two_operand"):
+        data.builtin_problems("chain9", 3)
+    with pytest.raises(ValueError, match="num_steps"):
+        data.arithmetic_chains(3, num_steps=1)
+
+
 def test_arithmetic_rejects_non_positive_size():
     with pytest.raises(ValueError, match="num_problems"):
         arithmetic_word_problems(0)
