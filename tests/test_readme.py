@@ -36,6 +36,13 @@ def test_the_example_prints_metrics_every_step_on_the_built_in_problems():
     assert "arithmetic_word_problems(" in code and "instruction=ONE_LINE_INSTRUCTION" in code
 
 
+def test_the_documentation_home_shows_the_readme_example():
+    """docs/index.md's quick usage is the README's example (which CI runs), not an older one."""
+    docs = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+    match = re.search(r"## Quick usage\n\n```python\n(.*?)```", docs, flags=re.S)
+    assert match is not None and match.group(1) == ten_line_example(README)
+
+
 @pytest.mark.integration
 def test_the_readme_ten_line_example_runs_as_printed(tmp_path, smollm2_path):
     # Run from an empty folder, as a user would; offline, the documented settings stand in for the hub
