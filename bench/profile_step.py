@@ -13,7 +13,7 @@ seconds per optimizer step spent in each phase, measured as the cumulative time 
   in the loss and, where TRL needs them, for old or reference log-probs);
 - ``backward``: ``torch.Tensor.backward``;
 - ``optimizer``: ``torch.optim.Optimizer.step`` wrappers (AdamW);
-- ``tandem metrics``: ``TandemGRPOTrainer._log_tandem_metrics`` (authorship replay, logging);
+- ``tandem metrics``: ``TandemGRPOTrainer._log_tandem_metrics`` (logging; a replay for senior-only rollouts);
 - ``step total``: ``transformers.Trainer.training_step`` plus TRL's rollout in ``_prepare_inputs``.
 
 Also prints the CPU's instruction set (``torch.backends.cpu.get_cpu_capability()``) and a 20-call matmul probe

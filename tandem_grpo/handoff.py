@@ -98,8 +98,8 @@ class HandoffRule:
     @classmethod
     def from_config(cls, config) -> HandoffRule:
         """The rule of any object with the fields ``handoff_granularity``, ``junior_probability``,
-        ``max_gap_tokens`` and ``handoff_mode`` (a ``TandemGRPOConfig``, an ``EvaluationConfig``; a missing
-        ``handoff_mode`` is the default): the one way to build it from a config.
+        ``max_gap_tokens`` and ``handoff_mode`` (a ``TandemGRPOConfig``, the evaluation command's ``HandoffFlags``; a
+        missing ``handoff_mode`` is the default): the one way to build it from a config.
 
         Raises:
             ValueError: a value outside its range, naming the field (checked before any conversion).

@@ -208,8 +208,9 @@ class Rollout:
             tables: the engine's boundary tables ([`boundary_tables`][tandem_grpo.vllm.engine.boundary_tables]).
 
         Raises:
-            RuntimeError: a record is missing, or the engine's authorship disagrees with the replay (the engine and
-                the client disagree on seeds, rule or boundary tables).
+            RuntimeError: a record is missing or shorter than its completion less one token, or the engine's
+                authorship disagrees with the replay (the engine and the client disagree on seeds, rule or boundary
+                tables).
         """
         rollout = cls.replay(completion_ids, seeds, rule, tables, mixture_logprobs=mixture_logprobs)
         senior_logprobs = None if mixture_logprobs is None else []
@@ -218,7 +219,9 @@ class Rollout:
                 raise RuntimeError(f"The tandem engine kept no record for completion {i}: was it a tandem request?")
             # The engine advances over every token but the last (the request ends before it sees that one).
             engine_authors = list(record["authors"])
-            if engine_authors != rollout.authorship[i][: len(engine_authors)]:
+            if len(engine_authors) < len(rollout.authorship[i]) - 1 or (
+                engine_authors != rollout.authorship[i][: len(engine_authors)]
+            ):
                 raise RuntimeError(
                     f"Completion {i}: the engine's authorship differs from the replay of seed {seeds[i]}; the engine "
                     "and the client disagree on the handoff rule, seeds or boundary tables."

@@ -50,9 +50,9 @@ def _trainer(model_dir, output_dir, callbacks=None, **overrides) -> TandemGRPOTr
             {
                 "global_step": trainer.state.global_step,
                 "mode": mode,
-                "seeds": [int(s) for s in trainer._last_seeds],
+                "seeds": list(trainer._rollout.seeds),
                 "completion_ids": [list(ids) for ids in out[1]],
-                "authorship": [list(row) for row in trainer._authorship],
+                "authorship": [list(row) for row in trainer._rollout.authorship],
             }
         )
         return out

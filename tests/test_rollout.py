@@ -97,5 +97,10 @@ def test_from_engine_checks_the_engine_record_and_builds_the_senior_terms(tiny_t
     records[3] = {**records[3], "authors": [1 - a for a in records[3]["authors"]]}
     with pytest.raises(RuntimeError, match="Completion 3: the engine's authorship differs"):
         Rollout.from_engine(drawn.completion_ids, mixture, records, drawn.seeds, rule, tables)
+    longest = max(range(3), key=lambda i: drawn.lengths[i])
+    assert drawn.lengths[longest] > 1
+    short = [{**r, "authors": []} if i == longest else r for i, r in enumerate(records)]  # a record that stopped early
+    with pytest.raises(RuntimeError, match=f"Completion {longest}: the engine's authorship differs"):
+        Rollout.from_engine(drawn.completion_ids, mixture, short, drawn.seeds, rule, tables)
     with pytest.raises(RuntimeError, match="kept no record for completion 0"):
         Rollout.from_engine(drawn.completion_ids, mixture, [None] * len(records), drawn.seeds, rule, tables)

@@ -147,7 +147,7 @@ def test_junior_with_other_token_strings_is_refused(tmp_path, tiny_model_dirs, t
 def test_authorship_mask_reaches_the_loss_mask(tmp_path, tiny_model_dirs):
     trainer = _trainer(tmp_path, tiny_model_dirs)
     inputs = _rollout(trainer)
-    authorship = trainer._authorship
+    authorship = trainer._rollout.authorship
     mask = inputs["tool_mask"] * inputs["completion_mask"]
     for row, written in zip(mask.tolist(), authorship, strict=True):
         assert row[: len(written)] == [float(a) for a in written]
@@ -156,7 +156,7 @@ def test_authorship_mask_reaches_the_loss_mask(tmp_path, tiny_model_dirs):
 
     weighted = _trainer(tmp_path, tiny_model_dirs, junior_token_loss_weight=0.25)
     inputs = _rollout(weighted)
-    expected = [[1.0 if a else 0.25 for a in row] for row in weighted._authorship]
+    expected = [[1.0 if a else 0.25 for a in row] for row in weighted._rollout.authorship]
     for row, want in zip(inputs["tool_mask"].tolist(), expected, strict=True):
         assert row[: len(want)] == pytest.approx(want)
 

@@ -190,8 +190,8 @@ class EvaluationConfig:
                                     "each benchmark's figures and their macro average (plain mean over "
                                     "benchmarks).", metavar="PATH_OR_NAME")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
-    instruction: str = _arg("step_by_step", "What each question asks for: step_by_step or one_line (use the one "
-                            "the checkpoints were trained with; tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
+    instruction: str = _arg("step_by_step", "What each question asks for: step_by_step, one_line or steps (use the "
+                            "one the checkpoints were trained with; tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
     limit: int | None = _arg(None, "Evaluate the first N problems of each dataset (default: all of the split).")
     k: int = _arg(4, "Completions sampled per problem (n of the pass@k estimator).")
     pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")

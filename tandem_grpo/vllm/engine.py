@@ -1,4 +1,4 @@
-"""Building tandem vLLM engines and turning their outputs into (completion ids, senior logprobs, authorship).
+"""Building tandem vLLM engines and turning their outputs into a [`Rollout`][tandem_grpo.rollout.Rollout].
 
 Used by every entry point: TRL colocate mode ([`tandem_grpo.vllm.rollout`][tandem_grpo.vllm.rollout]), the server
 ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]), the client

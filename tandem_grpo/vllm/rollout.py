@@ -203,7 +203,7 @@ class TandemVLLMGeneration(VLLMGeneration):
         Args:
             prompt_ids: ``B`` prompts (token ids), each prompt repeated ``num_generations`` times in a row.
             num_generations: completions per prompt (used for TRL's server-mode bookkeeping only).
-            seeds: ``B`` coin-stream seeds, distinct per completion (the trainer keeps them to replay authorship).
+            seeds: ``B`` coin-stream seeds, distinct per completion (the rollout replays its unit starts from them).
 
         Returns:
             The [`Rollout`][tandem_grpo.rollout.Rollout] of this process's completions (``senior_logprobs`` ``None``
