@@ -3,6 +3,8 @@ SmolLM2-135M-Instruct a pass@1 between 10% and 40%, with solutions of several bl
 
     python bench/pilot_task.py                                   # vLLM-CPU, about 1.5 h on 2 cores (alone)
     python bench/pilot_task.py --problems 40 --final_problems 0  # a quick look
+    python bench/pilot_task.py --rollout_check chain2/steps --problems 40 --max_new_tokens 128 \
+        --rollout_temperatures 0.6 0.7 1.0                       # the rollout temperature, at the training cap
 
 A study whose base model cannot solve its task measures nothing (the old cpu-small study: 0 of 80), so this runs
 before any training. For each candidate (a built-in problem family x an instruction) it samples ``--samples``
@@ -18,6 +20,11 @@ temperature 0.7, top-p 0.8, top-k 20) and reports, each with a percentile bootst
 It then picks the candidate (rule below) and measures it again on ``--final_problems`` fresh problems (a different
 problem seed, the study's held-out set), at the evaluation's sampling and at the rollout temperature 1.0.
 Everything goes to ``--output_dir/pilot.json`` and one printed table.
+
+``--rollout_check FAMILY/INSTRUCTION`` skips the candidates and measures that task at each of
+``--rollout_temperatures`` with plain temperature sampling (no top-p/top-k: what the trainer scores), at the training
+run's cap (``--max_new_tokens``), so the study's rollout temperature gives GRPO groups with some correct completion.
+Those rows go to ``--output_dir/rollout.json``.
 
 Choice rule: pass@1 in [10%, 40%] with its whole interval inside [5%, 50%], a median of at least 2 steps, a cap
 rate under 10%; among those the one with the most numbers in the chain, then the pass@1 closest to 25%.
@@ -138,7 +145,17 @@ def main() -> None:
     parser.add_argument("--instructions", nargs="+", default=["steps", "steps_example"],
                         choices=list(INSTRUCTION_CANDIDATES))  # fmt: skip
     parser.add_argument("--output_dir", default="results/pilot")
+    parser.add_argument("--rollout_check", metavar="FAMILY/INSTRUCTION",
+                        help="Measure only this task at --rollout_temperatures (see above).")  # fmt: skip
+    parser.add_argument("--rollout_temperatures", nargs="+", type=float, default=[1.0])
     args = parser.parse_args()
+    if args.rollout_check is not None:
+        family, _, instruction = args.rollout_check.partition("/")
+        if family not in FAMILIES or instruction not in INSTRUCTION_CANDIDATES:
+            parser.error(
+                f"--rollout_check {args.rollout_check}: expected FAMILY/INSTRUCTION with FAMILY one of "
+                f"{', '.join(FAMILIES)} and INSTRUCTION one of {', '.join(INSTRUCTION_CANDIDATES)}."
+            )
     for name in ("problems", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
             parser.error(f"--{name} {getattr(args, name)}: must be >= 1.")
@@ -156,6 +173,15 @@ def main() -> None:
     rows: list[dict] = []
     final: list[dict] = []
     chosen = None
+    if args.rollout_check is not None:
+        print(f"# {args.rollout_check}: {args.problems} problems x {args.samples}, cap {args.max_new_tokens} tokens")
+        for temperature in args.rollout_temperatures:
+            rows.append(measure(backend, tokenizer, family, instruction, args, seed=1, problems=args.problems,
+                                sampling=SamplingSettings(temperature=temperature)))  # fmt: skip
+            print(line(rows[-1], args.samples), flush=True)
+            (out / "rollout.json").write_text(json.dumps({"model": args.model_name_or_path, "rows": rows}, indent=1))
+        print(f"Wrote {out / 'rollout.json'}")
+        return
 
     def write() -> None:  # after every row, so an interrupted pilot keeps what it measured
         picked = chosen and {k: chosen[k] for k in ("family", "instruction")}

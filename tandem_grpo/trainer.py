@@ -188,10 +188,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             junior_path = check_junior_vocabulary(senior_tokenizer, senior_width, args.junior_model_name_or_path)
 
         with contextlib.ExitStack() as stack:
-            if args.use_vllm and co_generates:
+            if args.use_vllm:
                 from .vllm.rollout import use_tandem_vllm
 
-                # GRPOTrainer builds its vLLM backend inside __init__: have it build the tandem engine instead.
+                # GRPOTrainer builds its vLLM backend inside __init__: have it build the tandem engine instead (for
+                # senior-only rollouts, TRL's engine with a weight sync that works on vLLM's CPU backend too).
                 stack.enter_context(use_tandem_vllm(args))
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
 

@@ -4,7 +4,7 @@
   (the senior with every ``mlp.down_proj`` scaled by 0.6, saved to a temporary folder): the junior is loaded from
   its path, the senior's log-probs on senior tokens (including junior-to-senior handoffs, where the mixture's
   log-prob differs) match transformers, a weight sync reaches the senior only, then two GRPO steps run through it.
-- Two GRPO steps in colocate mode.
+- Two GRPO steps in colocate mode, tandem and senior-only (KL-to-junior, whose weight sync is checked).
 
 The trainings run in a subprocess each (a vLLM engine per process, as in real runs). Slow on a CPU (minutes).
 """
@@ -43,9 +43,9 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem_grpo.config import TandemGRPOConfig
 from tandem_grpo.models import resolve_model_path
 from tandem_grpo.trainer import TandemGRPOTrainer
-from tandem_grpo.vllm.rollout import TandemVLLMGeneration, use_tandem_vllm
+from tandem_grpo.vllm.rollout import SeniorVLLMGeneration, TandemVLLMGeneration, use_tandem_vllm
 
-mode, output_dir, base_url = sys.argv[1], sys.argv[2], sys.argv[3]
+mode, output_dir, base_url, arm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 cpu = not torch.cuda.is_available()
 path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
 pairs = [(3, 4), (12, 30), (7, 8), (21, 5), (9, 9), (40, 2), (6, 13), (11, 11)]
@@ -68,6 +68,7 @@ args = TandemGRPOConfig(
     use_vllm=True, vllm_mode=mode, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=512,
     vllm_server_base_url=base_url if mode == "server" else None, vllm_server_timeout=60,
     junior_probability=0.5, handoff_granularity="word", use_cpu=cpu,
+    **({"kl_to_junior": True, "beta": 1e-3} if arm == "kl_to_junior" else {}),
 )
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if cpu else "auto")
 with use_tandem_vllm(args, **({"dtype": "float32", "enforce_eager": True} if cpu else {})):
@@ -75,18 +76,45 @@ with use_tandem_vllm(args, **({"dtype": "float32", "enforce_eager": True} if cpu
         model=model, reward_funcs=[correct, brief], args=args, train_dataset=dataset,
         processing_class=AutoTokenizer.from_pretrained(path),
     )
-assert isinstance(trainer.vllm_generation, TandemVLLMGeneration), type(trainer.vllm_generation)
-assert trainer.junior is None, "with vLLM the junior lives in the engine; no copy on the training process"
+if arm == "tandem":
+    assert isinstance(trainer.vllm_generation, TandemVLLMGeneration), type(trainer.vllm_generation)
+    assert trainer.junior is None, "with vLLM the junior lives in the engine; no copy on the training process"
+else:  # senior-only rollouts: TRL's engine (no junior inside); the KL reference junior is on the training process
+    assert type(trainer.vllm_generation) is SeniorVLLMGeneration, type(trainer.vllm_generation)
+    assert trainer.ref_model is not None  # the KL reference: the junior (the initial senior)
 trainer.train()
-print("RESULT " + json.dumps({"log_history": trainer.state.log_history}), flush=True)
+result = {"log_history": trainer.state.log_history}
+if arm != "tandem":
+    # The weight sync reaches the engine: scale one layer, sync, and the engine's first-token log-probs move to
+    # the trained model's.
+    from vllm import SamplingParams
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    prompt = tokenizer.apply_chat_template(dataset[0]["prompt"], add_generation_prompt=True, tokenize=False)
+    params = SamplingParams(max_tokens=1, temperature=1.0, logprobs=5)
+
+    def engine_top():
+        out = trainer.vllm_generation.llm.generate([prompt], params, use_tqdm=False)[0].outputs[0]
+        return {k: v.logprob for k, v in out.logprobs[0].items()}
+
+    before = engine_top()
+    with torch.no_grad():
+        model.model.layers[-1].mlp.down_proj.weight.mul_(1.5)
+        ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+        reference = torch.log_softmax(model(ids).logits[0, -1].float(), -1)
+    trainer.vllm_generation.sync_weights()
+    after = engine_top()
+    result["engine_moved"] = max(abs(after[k] - before[k]) for k in set(after) & set(before))
+    result["engine_vs_model"] = max(abs(after[k] - reference[k].item()) for k in after)
+print("RESULT " + json.dumps(result), flush=True)
 """
 
 
-def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
+def _train(tmp_path, mode: str, base_url: str = "", arm: str = "tandem") -> dict:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, str(script), mode, str(tmp_path / "out"), base_url],
+        [sys.executable, str(script), mode, str(tmp_path / "out"), base_url, arm],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -94,7 +122,7 @@ def _train(tmp_path, mode: str, base_url: str = "") -> list[dict]:
     )
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
-    return json.loads(lines[-1].removeprefix("RESULT "))["log_history"]
+    return json.loads(lines[-1].removeprefix("RESULT "))
 
 
 def _check_two_steps(history: list[dict]) -> None:
@@ -222,11 +250,28 @@ def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
 
 
 def test_two_training_steps_in_server_mode(server, tmp_path):
-    _check_two_steps(_train(tmp_path, "server", server))
+    _check_two_steps(_train(tmp_path, "server", server)["log_history"])
 
 
 def test_two_training_steps_in_colocate_mode(tmp_path):
-    _check_two_steps(_train(tmp_path, "colocate"))
+    _check_two_steps(_train(tmp_path, "colocate")["log_history"])
+
+
+def test_senior_only_rollouts_in_colocate_mode_sync_weights(tmp_path):
+    """The KL-to-junior arm (senior-only rollouts) on TRL's colocated engine: two steps run (the second after a
+    weight sync, which TRL's per-tensor load broke on vLLM's CPU backend), the KL term toward the junior is logged,
+    and a sync moves the engine's log-probs to the trained model's."""
+    result = _train(tmp_path, "colocate", arm="kl_to_junior")
+    steps = [entry for entry in result["log_history"] if "loss" in entry]
+    assert [entry["step"] for entry in steps] == [1, 2]
+    for entry in steps:
+        assert math.isfinite(entry["loss"])
+        assert entry["tandem/senior_token_fraction"] == 1.0
+        assert math.isfinite(entry["kl"]) and entry["kl"] >= 0
+    # The engine's log-probs move by far more than they differ from the trained model's (a float32 engine matches
+    # transformers to about 1e-2, as in the server test).
+    assert result["engine_moved"] > 0.1, result
+    assert result["engine_vs_model"] < 0.02, result
 
 
 def test_unreachable_server_names_the_command(tmp_path):

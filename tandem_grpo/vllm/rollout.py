@@ -271,14 +271,63 @@ class TandemVLLMGeneration(VLLMGeneration):
         return box[0].select(slice(index * len(prompt_ids), (index + 1) * len(prompt_ids)))
 
 
+class SeniorVLLMGeneration(VLLMGeneration):
+    """TRL's ``VLLMGeneration`` for senior-only rollouts (``junior_probability == 0`` or ``kl_to_junior``): TRL's
+    engine and generation, with two changes in colocate mode.
+
+    - ``llm_kwargs`` reach ``vllm.LLM`` (``dtype="float32"``, ``enforce_eager=True`` on a CPU), as for the tandem
+      engine, so that every arm of a study samples from the same engine settings.
+    - ``sync_weights`` loads through vLLM's in-place reload lifecycle (``initialize_layerwise_reload`` /
+      ``finalize_layerwise_reload``), as the tandem engine's senior does: TRL's per-tensor ``model.load_weights``
+      fails on backends that repack weights after loading (vLLM's CPU backend: ``'Parameter' object has no attribute
+      'weight_loader'``).
+
+    Server mode is TRL's, unchanged.
+    """
+
+    def __init__(self, *args, llm_kwargs: dict | None = None, **kwargs) -> None:
+        self.llm_kwargs = dict(llm_kwargs or {})
+        super().__init__(*args, **kwargs)
+
+    def _init_vllm(self) -> None:
+        if self.mode != "colocate" or not self.llm_kwargs:
+            return super()._init_vllm()
+        original_llm = _trl_vllm_generation.LLM
+
+        def llm(*args, **kwargs):
+            kwargs.update(self.llm_kwargs)
+            return original_llm(*args, **kwargs)
+
+        with _swap_attr(_trl_vllm_generation, "LLM", llm):
+            super()._init_vllm()
+
+    def sync_weights(self) -> None:
+        if self.mode != "colocate":
+            return super().sync_weights()
+        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+        engine = self.llm.llm_engine
+        model = engine.model_executor.driver_worker.model_runner.model
+        initialize_layerwise_reload(model)
+        try:
+            # Clones, as in TandemVLLMGeneration.sync_weights: the reload buffers a layer's tensors until it is
+            # complete, and a gathered (ZeRO-3/FSDP) parameter is released when its gather context exits.
+            model.load_weights((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
+        finally:
+            finalize_layerwise_reload(model, engine.model_config)
+        self.llm.reset_prefix_cache()
+
+
 @contextlib.contextmanager
 def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
     """Run ``GRPOTrainer.__init__`` inside this so that it builds a
     [`TandemVLLMGeneration`][tandem_grpo.vllm.rollout.TandemVLLMGeneration].
 
     ``trl.trainer.grpo_trainer`` refers to ``VLLMGeneration`` by a module-level name; inside the context that name
-    is a factory adding the tandem settings from ``args``. A no-op (TRL's plain engine, no junior inside) when
-    ``args.use_vllm`` is false or the rollouts are senior-only (``junior_probability == 0`` or ``kl_to_junior``).
+    is a factory adding the tandem settings from ``args``. For senior-only rollouts (``junior_probability == 0`` or
+    ``kl_to_junior``) it is a [`SeniorVLLMGeneration`][tandem_grpo.vllm.rollout.SeniorVLLMGeneration] (TRL's engine,
+    no junior inside, with ``llm_kwargs`` and a weight sync that works on every backend). A no-op when
+    ``args.use_vllm`` is false.
     Usage in the trainer:
 
         with use_tandem_vllm(args):
@@ -292,21 +341,24 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
         RuntimeError: the installed TRL has no ``trl.trainer.grpo_trainer.VLLMGeneration`` (unsupported TRL).
     """
     co_generates = getattr(args, "junior_probability", 0.5) > 0 and not getattr(args, "kl_to_junior", False)
-    if not getattr(args, "use_vllm", False) or not co_generates:
+    if not getattr(args, "use_vllm", False):
         yield
         return
     import trl.trainer.grpo_trainer as grpo_module
 
     current = getattr(grpo_module, "VLLMGeneration", None)
-    if isinstance(current, functools.partial) and current.func is TandemVLLMGeneration:
+    if isinstance(current, functools.partial) and current.func in (TandemVLLMGeneration, SeniorVLLMGeneration):
         yield  # an enclosing use_tandem_vllm is active (e.g. a script around a trainer that also uses it): keep it
         return
-    factory = functools.partial(
-        TandemVLLMGeneration,
-        rule=HandoffRule.from_config(args),
-        junior_model=getattr(args, "junior_model_name_or_path", None),
-        llm_kwargs=llm_kwargs,
-    )
+    if co_generates:
+        factory = functools.partial(
+            TandemVLLMGeneration,
+            rule=HandoffRule.from_config(args),
+            junior_model=getattr(args, "junior_model_name_or_path", None),
+            llm_kwargs=llm_kwargs,
+        )
+    else:
+        factory = functools.partial(SeniorVLLMGeneration, llm_kwargs=llm_kwargs)
     with _swap_attr(grpo_module, "VLLMGeneration", factory):
         yield
 
