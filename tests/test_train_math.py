@@ -107,7 +107,7 @@ def test_ctrl_c_prints_one_line_saying_how_to_resume(train_math, tmp_path, capsy
     _checkpoint(out, 4, complete=False)  # the save the Ctrl-C cut short
     lines = _interrupt(train_math, capsys, args, step=4)
     assert len(lines) == 1, lines
-    assert lines[0].startswith("train_math.py: interrupted (Ctrl-C) after optimizer step 4 of 30. ")
+    assert lines[0].startswith("train_math.py: interrupted (Ctrl-C) after optimizer step 4 of 18. ")
     assert (
         f"continue from {out / 'checkpoint-2'}, rerun the same command with --resume_from_checkpoint true"
         in (lines[0])
@@ -117,7 +117,7 @@ def test_ctrl_c_prints_one_line_saying_how_to_resume(train_math, tmp_path, capsy
 
 def test_ctrl_c_without_checkpoints_says_so(train_math, tmp_path, capsys):
     (line,) = _interrupt(train_math, capsys, _args(train_math, "--output_dir", str(tmp_path)), step=3)
-    assert "step 3 of 30; nothing to resume from" in line and "--save_strategy steps --save_steps N" in line
+    assert "step 3 of 18; nothing to resume from" in line and "--save_strategy steps --save_steps N" in line
     args = _args(train_math, "--output_dir", str(tmp_path / "out"), "--save_strategy", "steps", "--save_steps", "5")
     (line,) = _interrupt(train_math, capsys, args, step=3)
     assert "no checkpoint was complete yet" in line and "--resume_from_checkpoint" not in line
