@@ -188,13 +188,7 @@ class TandemForCausalLM(nn.Module):
         Raises:
             ValueError: a ``junior.``-prefixed name.
         """
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
-
-        initialize_layerwise_reload(self.senior)
-        try:
-            return self.load_weights(weights)
-        finally:
-            finalize_layerwise_reload(self.senior, self._model_config)
+        return reload_in_place(self.senior, self._model_config, self.load_weights, weights)
 
     def _senior_names(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
@@ -213,3 +207,17 @@ class TandemForCausalLM(nn.Module):
             param.data.copy_(senior_params[name].data)
             names.add(name)
         return names
+
+
+def reload_in_place(module, model_config, load_weights, weights: Iterable[tuple[str, torch.Tensor]]):
+    """``load_weights(weights)`` inside vLLM's in-place reload lifecycle on ``module`` (module docstring): each layer
+    is rebuilt in checkpoint format, filled once all of its weights have arrived, then processed for its kernel, so a
+    backend that repacks weights after loading (vLLM's CPU backend) takes checkpoint-format tensors. Returns what
+    ``load_weights`` returns."""
+    from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+
+    initialize_layerwise_reload(module)
+    try:
+        return load_weights(weights)
+    finally:
+        finalize_layerwise_reload(module, model_config)

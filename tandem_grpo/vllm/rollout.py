@@ -304,17 +304,13 @@ class SeniorVLLMGeneration(VLLMGeneration):
     def sync_weights(self) -> None:
         if self.mode != "colocate":
             return super().sync_weights()
-        from vllm.model_executor.model_loader.reload import finalize_layerwise_reload, initialize_layerwise_reload
+        from .model import reload_in_place
 
         engine = self.llm.llm_engine
         model = engine.model_executor.driver_worker.model_runner.model
-        initialize_layerwise_reload(model)
-        try:
-            # Clones, as in TandemVLLMGeneration.sync_weights: the reload buffers a layer's tensors until it is
-            # complete, and a gathered (ZeRO-3/FSDP) parameter is released when its gather context exits.
-            model.load_weights((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
-        finally:
-            finalize_layerwise_reload(model, engine.model_config)
+        # Clones, as in TandemVLLMGeneration.sync_weights.
+        weights = ((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
+        reload_in_place(model, engine.model_config, model.load_weights, weights)
         self.llm.reset_prefix_cache()
 
 
