@@ -1,7 +1,7 @@
 """The bad-input catalogue: one table of what users get wrong, at every entry point, with what they see.
 
-Each entry is run here (tiny models, temporary files; the command lines as real processes), and README.md's
-"When something goes wrong" section is this table rendered by :func:`readme_table`: change one, change the other.
+Each entry is run here (tiny models, temporary files; the command lines as real processes), and the table of
+docs/troubleshooting.md is this catalogue rendered by :func:`readme_table`: change one, change the other.
 Faults found during a run (non-finite losses, logits and weights, rewards that misbehave in training, interrupts)
 have their own tests: tests/test_guards.py, tests/test_interrupts.py, tests/test_rewards.py.
 """
@@ -24,9 +24,9 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @dataclass(frozen=True)
 class Entry:
-    where: str  # the entry point, as the README names it
+    where: str  # the entry point, as the docs name it
     bad: str  # what was wrong
-    expect: str  # what the user sees (README text)
+    expect: str  # what the user sees (docs text)
     error: type[BaseException] | int  # exception type, or a command line's exit status
     match: str  # regex the message (or stderr's error line) must match
     run: Callable[[Path], object]  # triggers it; gets a fresh temporary folder
@@ -259,7 +259,7 @@ README_HEADER = """| where | what was wrong | what you see |
 
 
 def readme_table() -> str:
-    """The README's table, rendered from :data:`CATALOGUE`."""
+    """The table of docs/troubleshooting.md, rendered from :data:`CATALOGUE`."""
     rows = [f"| {e.where} | {e.bad} | {e.expect} |" for e in CATALOGUE]
     return "\n".join([README_HEADER, *rows])
 
@@ -290,10 +290,12 @@ def test_none_and_nan_rewards_mean_does_not_apply(tmp_path):
     assert math.isnan(_reward([float("nan"), 1.0, 0.0, 1.0])(tmp_path)[0])
 
 
-def test_readme_section_is_the_catalogue():
-    readme = (ROOT / "README.md").read_text(encoding="utf-8")
-    assert "## When something goes wrong" in readme
-    assert readme_table() in readme, "README's table differs: paste the output of `python tests/test_bad_inputs.py`"
+def test_troubleshooting_page_is_the_catalogue():
+    page = (ROOT / "docs" / "troubleshooting.md").read_text(encoding="utf-8")
+    assert "## The bad-input catalogue" in page
+    assert readme_table() in page, (
+        "docs/troubleshooting.md's table differs from CATALOGUE: paste the output of `python tests/test_bad_inputs.py`"
+    )
 
 
 if __name__ == "__main__":

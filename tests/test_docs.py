@@ -1,4 +1,5 @@
-"""The documentation site: `mkdocs build --strict` passes and the API pages show the package's docstrings.
+"""The documentation site: `mkdocs build --strict` passes, the guide pages are in the navigation and render, and the
+API pages show the package's docstrings.
 
 The expected texts are read from the docstrings themselves (parsed statically with griffe, the parser mkdocstrings
 uses), so the test follows docstring edits but fails when a page renders empty or misses an object.
@@ -39,6 +40,16 @@ import griffe  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
+# The guide pages (the README's "everything else"), each with the title it must render.
+GUIDE_PAGES = {
+    "method.md": "The method",
+    "training.md": "Training",
+    "evaluation.md": "Evaluation: the paper's four measurements",
+    "reproducing.md": "Reproducing the paper",
+    "troubleshooting.md": "Troubleshooting",
+    "compatibility.md": "Install and compatibility",
+    "speed.md": "Speed",
+}
 
 # Public modules deliberately without a page of their own.
 NOT_ON_A_PAGE = {
@@ -183,3 +194,37 @@ def test_config_fields_are_documented(site: Path) -> None:
         "tandem_eval_rollouts",
     ):
         assert field in text, f"TandemGRPOConfig.{field} is missing from the tandem_grpo page"
+
+
+def _nav_pages(nav) -> list[str]:
+    pages = []
+    for item in nav:
+        values = item.values() if isinstance(item, dict) else [item]
+        for value in values:
+            pages += _nav_pages(value) if isinstance(value, list) else [value]
+    return pages
+
+
+def test_guide_pages_are_in_the_nav_and_linked_from_home() -> None:
+    import yaml
+
+    nav = _nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    home = (DOCS / "index.md").read_text()
+    guide = sorted(path.name for path in DOCS.glob("*.md") if path.name != "index.md")
+    assert guide == sorted(GUIDE_PAGES), "a guide page was added or removed: update GUIDE_PAGES"
+    for name in guide:
+        assert name in nav, f"docs/{name} is not in mkdocs.yml's nav"
+        assert f"]({name})" in home, f"docs/index.md does not link docs/{name}"
+    assert "github.com/tandem-grpo/tandem-grpo#" not in home, "docs/index.md points to README anchors, not pages"
+
+
+@pytest.mark.parametrize("name", sorted(GUIDE_PAGES))
+def test_guide_pages_render(site: Path, name: str) -> None:
+    """Each guide page renders its title, and each of its markdown tables renders as a table with every row."""
+    source = (DOCS / name).read_text()
+    rendered = (site / Path(name).stem / "index.html").read_text()
+    assert GUIDE_PAGES[name] in html.unescape(re.sub(r"<[^>]+>", "", rendered))
+    # A markdown table is a block of lines that start and end with "|": a header, a separator, then its rows.
+    source_rows = [len(block.splitlines()) - 1 for block in re.findall(r"(?m)(?:^\|.*\|$\n?)+", source)]
+    rendered_rows = [len(re.findall(r"<tr>", table)) for table in re.findall(r"(?s)<table>.*?</table>", rendered)]
+    assert rendered_rows == source_rows, f"{name}: table rows {source_rows} in markdown, {rendered_rows} rendered"

@@ -1,7 +1,10 @@
-"""The README's commands as printed: the ten-line example runs (one short step) and the documented flags exist."""
+"""The README's and the docs pages' commands as printed: the ten-line example runs (one short step), every
+documented command line of the main job, the evaluation and the paper study parses with the script's own parser,
+every Python block compiles, every path they name exists, and CI runs the README's test commands."""
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import re
 import shlex
@@ -15,6 +18,10 @@ from readme_example import ONE_STEP, one_step, ten_line_example
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+# The README and the guide pages of the documentation site (docs/api/ holds the API stubs, rendered from docstrings).
+PAGES = [README, *sorted(DOCS.glob("*.md"))]
+REPO_URL = "https://github.com/tandem-grpo/tandem-grpo"
 
 
 def test_the_example_is_extracted_from_the_readme_and_only_its_sizes_change():
@@ -36,10 +43,13 @@ def test_the_example_prints_metrics_every_step_on_the_built_in_problems():
     assert "arithmetic_word_problems(" in code and "instruction=ONE_LINE_INSTRUCTION" in code
 
 
-def test_the_documentation_home_shows_the_readme_example():
-    """docs/index.md's quick usage is the README's example (which CI runs), not an older one."""
-    docs = (ROOT / "docs" / "index.md").read_text(encoding="utf-8")
+def test_the_documentation_shows_the_readme_example():
+    """docs/index.md's quick usage and docs/training.md's example are the README's (which CI runs), not older ones."""
+    docs = (DOCS / "index.md").read_text(encoding="utf-8")
     match = re.search(r"## Quick usage\n\n```python\n(.*?)```", docs, flags=re.S)
+    assert match is not None and match.group(1) == ten_line_example(README)
+    training = (DOCS / "training.md").read_text(encoding="utf-8")
+    match = re.search(r"## The ten-line example\n.*?```python\n(.*?)```", training, flags=re.S)
     assert match is not None and match.group(1) == ten_line_example(README)
 
 
@@ -61,29 +71,49 @@ def test_the_readme_ten_line_example_runs_as_printed(tmp_path, smollm2_path):
     assert (tmp_path / "tandem-smollm2").is_dir()
 
 
-def _readme_train_commands() -> list[list[str]]:
-    """The arguments of every ``accelerate launch ... examples/train_math.py ...`` command in the README's bash
-    blocks (continuation lines joined)."""
-    blocks = re.findall(r"```bash\n(.*?)```", README.read_text(), flags=re.S)
-    commands = []
-    for line in "\n".join(blocks).replace("\\\n", " ").splitlines():
-        words = shlex.split(line, comments=True)
-        if "launch" in words and "examples/train_math.py" in words:
-            commands.append(words[words.index("examples/train_math.py") + 1 :])
-    return commands
+def _bash_lines(page: Path) -> list[str]:
+    """The command lines of ``page``'s bash blocks, continuation lines joined."""
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)
+    return [line for line in "\n".join(blocks).replace("\\\n", " ").splitlines() if line.strip()]
 
 
-def test_readme_train_commands_parse(monkeypatch):
-    """Every train_math.py command line the README prints parses with the script's own parser (an unknown or
-    misspelled flag is an error there), and the first, flagless one is the main job with its documented sizes."""
-    spec = importlib.util.spec_from_file_location("train_math", ROOT / "examples" / "train_math.py")
-    train_math = importlib.util.module_from_spec(spec)
-    monkeypatch.setitem(sys.modules, "train_math", train_math)  # its dataclasses look their module up there
-    spec.loader.exec_module(train_math)
-    commands = _readme_train_commands()
-    assert len(commands) >= 5 and commands[0] == []
-    for args in commands:
-        script_args, training, _ = train_math.build_parser().parse_args_and_config(args)
+def _commands(*program: str, pages: list[Path] = PAGES) -> list[tuple[str, list[str]]]:
+    """``(page name, arguments)`` for every command line of ``pages``' bash blocks that runs ``program`` (a script
+    path, or a command and its subcommand): the words after it, comments dropped."""
+    found = []
+    for page in pages:
+        for line in _bash_lines(page):
+            words = shlex.split(line, comments=True)
+            for i in range(len(words) - len(program) + 1):
+                if tuple(words[i : i + len(program)]) == program:
+                    found.append((page.name, words[i + len(program) :]))
+                    break
+    return found
+
+
+def _load_script(path: Path, monkeypatch):
+    """An example script imported as a module (its dataclasses look their module up in ``sys.modules``)."""
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, path.stem, module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_train_commands_parse(monkeypatch):
+    """Every train_math.py command line the README and the docs print parses with the script's own parser (an
+    unknown or misspelled flag is an error there), and the README's first, flagless one is the main job with its
+    documented sizes."""
+    train_math = _load_script(ROOT / "examples" / "train_math.py", monkeypatch)
+    commands = _commands("examples/train_math.py")
+    readme = [args for page, args in commands if page == README.name]
+    assert readme and readme[0] == [], "the README's first training command is the main job, without flags"
+    assert len(commands) >= 5, commands
+    for page, args in commands:
+        try:
+            script_args, training, _ = train_math.build_parser().parse_args_and_config(args)
+        except SystemExit as exc:  # the parser's one `error:` line is on stderr
+            pytest.fail(f"{page}: `examples/train_math.py {shlex.join(args)}` does not parse (exit {exc.code})")
         if not args:
             assert (training.max_steps, training.max_completion_length, training.learning_rate) == (18, 128, 2e-5)
             # The reproduction study's task, rollout temperature and binary reward (examples/reproduce_paper.py).
@@ -92,3 +122,76 @@ def test_readme_train_commands_parse(monkeypatch):
             assert training.seed == 0, "the seed of the README's table (TRL's default is 42)"
             assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 16
             assert train_math.instruction_text(script_args) == train_math.INSTRUCTIONS["steps"]
+
+
+def test_evaluate_commands_parse():
+    """Every `tandem-grpo evaluate` command line parses into an EvaluationConfig with the command's own parser."""
+    from tandem_grpo.cli import COMMANDS
+
+    evaluate_cli = importlib.import_module(COMMANDS["evaluate"][0])
+    commands = _commands("tandem-grpo", "evaluate")
+    assert {page for page, _ in commands} >= {README.name, "evaluation.md"}, commands
+    for page, args in commands:
+        config = evaluate_cli.build_parser().parse_config(args)
+        assert config.checkpoints, f"{page}: {args}"
+
+
+def test_reproduce_paper_commands_parse(monkeypatch):
+    """Every examples/reproduce_paper.py command line parses with the study's own parser (presets included)."""
+    study = _load_script(ROOT / "examples" / "reproduce_paper.py", monkeypatch)
+    commands = _commands("examples/reproduce_paper.py")
+    assert len(commands) >= 3, commands
+    for page, args in commands:
+        try:
+            study.parse_args(args)
+        except SystemExit as exc:
+            pytest.fail(f"{page}: `examples/reproduce_paper.py {shlex.join(args)}` does not parse (exit {exc.code})")
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_python_blocks_compile(page: Path):
+    for number, block in enumerate(re.findall(r"```python\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S)):
+        compile(block, f"{page.name}, python block {number + 1}", "exec")
+
+
+# A repository path as the pages write it: a top-level folder of the checkout, then a file with an extension.
+_PATH = re.compile(
+    r"(?<![\w/.-])((?:\.github|\.ci|bench|examples|tests|notebooks|results|tandem_grpo|docs)/[\w./-]*"
+    r"\.(?:py|sh|yaml|yml|ipynb|md|json|jsonl|txt|png|html|toml))"
+)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=lambda page: page.name)
+def test_named_paths_and_links_exist(page: Path):
+    """Scripts, configs, tests and results the page names, its links into the repository (relative, or on GitHub)
+    all exist in the checkout."""
+    text = page.read_text(encoding="utf-8")
+    paths = set(_PATH.findall(text))
+    paths |= set(re.findall(re.escape(REPO_URL) + r"/(?:blob|tree)/main/([\w./-]+)", text))
+    if page == README:  # links relative to the checkout (the docs pages link within the site: mkdocs checks those)
+        paths |= {link for link in re.findall(r"\]\(([^)#\s]+)", text) if "://" not in link}
+    missing = sorted(path for path in paths if not (ROOT / path).exists())
+    assert not missing, f"{page.name} names paths that do not exist: {missing}"
+
+
+def test_readme_links_every_docs_page():
+    readme = README.read_text(encoding="utf-8")
+    missing = [page.name for page in PAGES[1:] if f"](docs/{page.name}" not in readme]
+    assert not missing, f"README.md does not link these docs pages: {missing}"
+
+
+def test_ci_runs_the_readme_test_commands():
+    """.ci/run runs exactly the test commands of the README's "Tests" section (each environment's)."""
+    readme = README.read_text(encoding="utf-8")
+    section = readme[readme.index("## Tests\n") :]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    commands = [line for line in "\n".join(re.findall(r"```bash\n(.*?)```", section, flags=re.S)).splitlines()
+                if line.strip() and not line.startswith("#")]  # fmt: skip
+    assert any("pytest" in command for command in commands) and any("mkdocs" in command for command in commands)
+    ci = [line for line in (ROOT / ".ci" / "run").read_text().splitlines() if not line.lstrip().startswith("#")]
+    for command in commands:
+        assert any(command in line for line in ci), f".ci/run does not run the README's `{command}`"
+    for line in ci:
+        match = re.search(r"python -m pytest[^)]*", line)
+        if match:
+            assert match.group(0).strip() in commands, f".ci/run runs `{match.group(0)}`, which the README omits"
