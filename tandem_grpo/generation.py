@@ -9,7 +9,9 @@ implementation of the handoff rule). There is no Python loop over sequences insi
 from __future__ import annotations
 
 import contextlib
+import inspect
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
@@ -19,7 +21,7 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
 )
 
-from ._compat import cache_kwarg
+from ._compat import _innermost, cache_kwarg
 from .handoff import (
     BoundaryTables,
     HandoffRule,
@@ -43,6 +45,103 @@ def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:
     if sampling.temperature != 1.0:
         steps.append(TemperatureLogitsWarper(sampling.temperature))
     return steps
+
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+# Keys of `generate` that change nothing at these values (None: `GenerationConfig`'s "unset").
+_INERT = {
+    "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "diversity_penalty": (0.0,),
+    "no_repeat_ngram_size": (0,), "encoder_no_repeat_ngram_size": (0,), "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,), "min_new_tokens": (0,), "min_length": (0,),
+    "renormalize_logits": (False,), "remove_invalid_values": (False,), "token_healing": (False,),
+    "output_attentions": (False,), "output_hidden_states": (False,), "output_scores": (False,),
+    "output_logits": (False,), "return_dict_in_generate": (False,), "low_memory": (False,),
+    "do_sample": (True,), "use_cache": (True,), "cache_implementation": ("dynamic",),
+}  # fmt: skip
+# Beam-search settings, inert without beams; and settings about compiling `generate`, which the loop does not use.
+_INERT_ALWAYS = ("length_penalty", "early_stopping", "disable_compile", "compile_config", "pad_token_id",
+                 "bos_token_id")  # fmt: skip
+_WHY = {
+    "num_beams": "beam search keeps several hypotheses per completion, while a tandem rollout draws one token at a "
+    "time from the two models' mixture",
+    "num_beam_groups": "beam search is not a tandem rollout",
+    "diversity_penalty": "beam search is not a tandem rollout",
+    "num_return_sequences": "GRPOTrainer already repeats each prompt num_generations times",
+    "do_sample": "tandem rollouts always sample (a low temperature comes close to greedy)",
+    "use_cache": "the loop always decodes with each model's cache",
+    "cache_implementation": "the loop builds each model's dynamic cache as generate does by default (set "
+    "GRPOConfig.cache_implementation=None)",
+}
+
+
+def _refusal(key: str, value, eos_token_ids: list[int], scoring_temperature: float | None) -> str | None:
+    """Why co-generation cannot honour ``generate``'s ``key=value``; ``None`` when it can."""
+    if key == "temperature" and None not in (value, scoring_temperature) and value != scoring_temperature:
+        return (
+            f"the loss scores the senior's log-probabilities at temperature={scoring_temperature} and the exact "
+            "tandem gradient needs the rollouts drawn at that temperature (set GRPOConfig.temperature instead)"
+        )
+    if key == "eos_token_id" and value is not None:
+        ids = [value] if isinstance(value, int) else list(value)
+        if set(ids) != set(eos_token_ids):
+            return f"co-generation ends completions at the trainer's EOS ids {sorted(eos_token_ids)}"
+        return None
+    if key in _SAMPLING_KEYS or key == "max_new_tokens" or key in _INERT_ALWAYS or value is None:
+        return None
+    if value in _INERT.get(key, ()):
+        return None
+    return _WHY.get(
+        key, "co-generation honours only temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens"
+    )
+
+
+def sampling_from_generation_kwargs(
+    generation_kwargs: dict, eos_token_ids: list[int], scoring_temperature: float | None = None
+) -> tuple[SamplingSettings, int | None]:
+    """The sampling settings and completion cap co-generation takes from ``generate``'s keyword arguments, or a
+    refusal naming the first key it cannot honour.
+
+    ``GRPOTrainer.generation_kwargs`` (TRL's sampling fields, updated with ``GRPOConfig.generation_kwargs``) is what
+    TRL passes to ``generate``. Co-generation honours ``temperature``, ``top_p``, ``top_k``, ``min_p``,
+    ``repetition_penalty`` (as [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]: the temperature and the
+    penalty on each model, the truncations on the mixture) and ``max_new_tokens``; it accepts ``eos_token_id`` when it
+    names the trainer's EOS ids, ``pad_token_id``, ``bos_token_id``, the compile switches, beam-search settings left
+    without beams, and any key at its "off" value (``num_beams=1``, ``do_sample=True``, ``use_cache=True``,
+    ``cache_implementation="dynamic"``, ...) or ``None``.
+
+    Args:
+        generation_kwargs: the keyword arguments.
+        eos_token_ids: the EOS ids co-generation stops at (the trainer's).
+        scoring_temperature: the temperature the loss scores log-probabilities at (``GRPOConfig.temperature``); a
+            sampling ``temperature`` that differs is refused, since the exact tandem gradient needs both equal.
+
+    Returns:
+        ``(settings, max_new_tokens)``; ``max_new_tokens`` is ``None`` when not given.
+
+    Raises:
+        ValueError: ``generation_kwargs[key]=value`` that co-generation cannot honour (beam search, greedy decoding,
+            several sequences per prompt, a static or quantized cache, other EOS ids, a temperature other than the
+            scoring one, any other logits processor or stopping rule of ``generate``), naming the key, why, and the
+            fix.
+    """
+    sampling, cap = {}, None
+    for key, value in generation_kwargs.items():
+        why = _refusal(key, value, eos_token_ids, scoring_temperature)
+        if why is not None:
+            raise ValueError(
+                f"generation_kwargs[{key!r}]={value!r} cannot be honoured by tandem co-generation: {why}. Remove "
+                f"{key!r} from GRPOConfig.generation_kwargs, or keep it with senior-only rollouts "
+                "(junior_probability=0 or kl_to_junior=True)."
+            )
+        if key in _SAMPLING_KEYS and value is not None:
+            sampling[key] = value
+        elif key == "max_new_tokens" and value is not None:
+            cap = int(value)
+    try:
+        return SamplingSettings(**sampling), cap
+    except ValueError as err:
+        raise ValueError(f"generation_kwargs: {err}") from err
 
 
 def next_token_logprobs(
@@ -96,20 +195,103 @@ def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
     return all_done
 
 
-def _stepper(model: PreTrainedModel, cache: DynamicCache) -> Callable[..., torch.Tensor]:
-    """``(ids, attention_mask, position_ids) -> float [B, V]`` last-position logits, reading and extending ``cache``
-    (passed under the keyword the model's forward declares: ``cache`` from transformers 5.24 on)."""
-    cache_arg = {cache_kwarg(model): cache}
+_CACHE_NAMES = ("cache", "past_key_values", "cache_params")
+"""The keywords under which forwards take and return their cache: ``cache`` (transformers >= 5.24),
+``past_key_values``, ``cache_params`` (classes named after Mamba)."""
+
+
+@dataclass(frozen=True)
+class ModelCall:
+    """How ``generate`` calls one model at every decode step, read from the model's class and config.
+
+    Attributes:
+        cache_name: the keyword of the cache (``cache``, ``past_key_values`` or ``cache_params``).
+        cache_config: the decoder's text config, from which each generation call's cache is built as ``generate``
+            builds it (``DynamicCache(config=...)``: one layer type per layer, so a hybrid Mamba/attention model
+            gets its convolution and SSM states); ``None`` for a callable that is not a transformers model (then a
+            bare ``DynamicCache()``).
+        default_cache: ``False`` where ``generate`` builds no cache up front (``_supports_default_dynamic_cache``:
+            xLSTM, RWKV, ...): the model makes its own on the first call and returns it.
+        flags: the constant keyword arguments of every call: ``use_cache=True``; ``logits_to_keep=1`` (or the older
+            ``num_logits_to_keep``) where the forward declares it; ``output_router_logits=False`` for a
+            Mixture-of-Experts model whose config has the field (a config that sets it ``True`` would otherwise have
+            the model compute its load-balancing loss on a one-token step against the whole attention mask, which
+            fails).
+        attention_mask: whether the forward takes ``attention_mask``.
+        position_ids: whether the forward takes ``position_ids``.
+    """
+
+    cache_name: str = "past_key_values"
+    cache_config: object | None = None
+    default_cache: bool = True
+    flags: dict = field(default_factory=lambda: {"use_cache": True, "logits_to_keep": 1})
+    attention_mask: bool = True
+    position_ids: bool = True
+
+    @classmethod
+    def of(cls, model) -> ModelCall:
+        """The call of ``model`` (through DeepSpeed/DDP/FSDP1 wrappers and PEFT, to the class whose forward runs).
+
+        A callable that is not a transformers model (no ``config``, or no ``forward`` to read) gets the plain
+        contract: a bare ``DynamicCache()`` under ``past_key_values`` (or the name
+        [`cache_kwarg`][tandem_grpo._compat.cache_kwarg] picks), ``use_cache=True``, ``logits_to_keep=1``, the
+        attention mask and position ids."""
+        inner = _innermost(model)
+        config = getattr(inner, "config", None)
+        try:
+            params = inspect.signature(type(inner).forward).parameters
+        except (AttributeError, TypeError, ValueError):
+            params = None
+        if config is None or params is None or not hasattr(config, "get_text_config"):
+            return cls(cache_name=cache_kwarg(model))
+        takes_any = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        text = config.get_text_config(decoder=True)
+        flags = {"use_cache": True}
+        for keep in ("logits_to_keep", "num_logits_to_keep"):
+            if keep in params:
+                flags[keep] = 1
+                break
+        if hasattr(text, "output_router_logits") and ("output_router_logits" in params or takes_any):
+            flags["output_router_logits"] = False
+        name = cache_kwarg(model)
+        if name not in params and "cache_params" in params:
+            name = "cache_params"
+        # generate's `_supports_default_dynamic_cache`: a few architectures (xLSTM, RWKV, ...) build their own cache.
+        default = getattr(type(inner), "_supports_default_dynamic_cache", None)
+        return cls(
+            cache_name=name,
+            cache_config=text,
+            default_cache=bool(default()) if callable(default) else True,
+            flags=flags,
+            attention_mask="attention_mask" in params,
+            position_ids="position_ids" in params,
+        )
+
+    def new_cache(self):
+        """A fresh cache for one generation call (``None`` where the model builds its own)."""
+        if not self.default_cache:
+            return None
+        return DynamicCache() if self.cache_config is None else DynamicCache(config=self.cache_config)
+
+
+def _stepper(model: PreTrainedModel) -> Callable[..., torch.Tensor]:
+    """``(ids, attention_mask, position_ids) -> float [B, V]`` last-position logits, reading and extending the model's
+    own cache for this generation call, called as ``generate`` calls the model
+    ([`ModelCall`][tandem_grpo.generation.ModelCall])."""
+    call = ModelCall.of(model)
+    cache = [call.new_cache()]
 
     def step(ids, attention_mask, position_ids) -> torch.Tensor:
-        out = model(
-            input_ids=ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            use_cache=True,
-            logits_to_keep=1,
-            **cache_arg,
-        )
+        inputs = {"input_ids": ids, call.cache_name: cache[0], **call.flags}
+        if call.attention_mask:
+            inputs["attention_mask"] = attention_mask
+        if call.position_ids:
+            inputs["position_ids"] = position_ids
+        out = model(**inputs)
+        # As generate's `_update_model_kwargs_for_generation`: the next call gets the cache the model returned.
+        returned = next((getattr(out, n, None) for n in _CACHE_NAMES if getattr(out, n, None) is not None), None)
+        if returned is not None:
+            cache[0] = returned
         return out.logits[:, -1, :].float()
 
     return step
@@ -122,7 +304,7 @@ at the last position, each model reading and extending its own KV cache."""
 
 def _two_models(senior, junior, junior_context: Callable[[], contextlib.AbstractContextManager]) -> Forward:
     """Two forward passes per step, one KV cache per model."""
-    senior_step, junior_step = _stepper(senior, DynamicCache()), _stepper(junior, DynamicCache())
+    senior_step, junior_step = _stepper(senior), _stepper(junior)
 
     def forward(ids, attention_mask, position_ids):
         senior_logits = senior_step(ids, attention_mask, position_ids)
@@ -154,7 +336,7 @@ def _senior_and_base(senior, rows: int) -> Iterator[Forward]:
         scale = senior_rows if output.dtype == senior_rows.dtype else senior_rows.to(output.dtype)
         return output * scale.view(-1, *([1] * (output.dim() - 1)))
 
-    step = _stepper(senior, DynamicCache())
+    step = _stepper(senior)
 
     def forward(ids, attention_mask, position_ids):
         logits = step(*(torch.cat([x, x]) for x in (ids, attention_mask, position_ids)))
@@ -182,13 +364,16 @@ def _lora_b_modules(model) -> list[torch.nn.Module]:
 
 def mixed_adapter_batches(model) -> bool:
     """Whether ``model`` can run as senior and, with its adapter disabled, as junior in one forward pass: a PEFT LoRA
-    model with one active, unmerged adapter whose every update goes through a ``lora_B`` linear module (no DoRA or
-    other LoRA variant, no LoRA on embeddings)."""
+    model with one active, unmerged adapter whose every update is the output of a ``lora_B`` module added to its base
+    layer's output: LoRA on linear and convolution layers only (no DoRA or other LoRA variant, no LoRA on embeddings,
+    no ``target_parameters``, whose update PEFT folds into the base weight so that ``lora_B`` never runs a forward,
+    no quantized or other LoRA layer type)."""
     from accelerate.utils import is_peft_model
 
     if not is_peft_model(model) or len(model.active_adapters) != 1:
         return False
     from peft.tuners.lora import LoraLayer
+    from peft.tuners.lora.layer import Linear, _ConvNd
 
     adapter = model.active_adapter
     layers = [layer for layer in model.modules() if isinstance(layer, LoraLayer)]
@@ -197,6 +382,7 @@ def mixed_adapter_batches(model) -> bool:
         or adapter in layer.lora_variant
         or adapter in layer.lora_embedding_A
         or (adapter in layer.lora_A and adapter not in layer.lora_B)
+        or (adapter in layer.lora_B and not isinstance(layer, (Linear, _ConvNd)))
         for layer in layers
     )
 

@@ -37,7 +37,7 @@ from .authorship import authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
 from .distributed import broadcast_weights
-from .generation import tandem_generate
+from .generation import sampling_from_generation_kwargs, tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables, boundary_logprobs, senior_token_terms, unit_start_ids
 from .junior import (
@@ -197,6 +197,13 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             super().__init__(model=model, reward_funcs=reward_funcs, args=args, **kwargs)
 
         self._co_generates = co_generates
+        # The transformers loop samples with what TRL passes to `generate` (its sampling fields updated with
+        # `generation_kwargs`), and refuses here what it cannot honour (beam search, greedy decoding, ...).
+        self._tandem_sampling, self._tandem_max_new_tokens = SamplingSettings.from_config(self), None
+        if co_generates and not args.use_vllm:
+            self._tandem_sampling, self._tandem_max_new_tokens = sampling_from_generation_kwargs(
+                self.generation_kwargs, self.eos_token_ids, self.temperature
+            )
         if co_generates and args.handoff_mode == "whole_unit" and self._is_zero3():
             # ZeRO-3 chosen through the accelerate config is only known now.
             raise ValueError(_ZERO3_WHOLE_UNIT)
@@ -399,8 +406,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 attention_mask,
                 rule=self.args.handoff_rule,
                 tables=self._tables,
-                sampling=SamplingSettings.from_config(self),
-                max_new_tokens=self.max_completion_length,
+                sampling=self._tandem_sampling,
+                max_new_tokens=self._tandem_max_new_tokens or self.max_completion_length,
                 eos_token_ids=self.eos_token_ids,
                 pad_token_id=self._tokenizer.pad_token_id,
                 seeds=torch.tensor(seeds),

@@ -345,3 +345,170 @@ def test_lora_generation_restores_training_mode_and_falls_back_for_dora(tiny_tok
     assert len(calls) == 2 * max(out.lengths), "DoRA: two passes, the second with the adapter disabled"
     with pytest.raises(ValueError, match="not a PEFT model"):
         tandem_generate(build_tiny_model(0), None, ids, mask, **kw)
+
+
+# ------------------------------------------------------- architectures and generate's model calls
+
+
+def _full_forward_reference(model, ids, mask, steps: int = 6) -> list[torch.Tensor]:
+    """Last-position logits of a full forward without cache (fresh each time) over the prompt and then the prompt
+    plus the teacher-forced tokens of ``_teacher_forced``."""
+    out = []
+    with torch.no_grad():
+        for step in range(steps):
+            positions = (mask.cumsum(-1) - 1).clamp(min=0)
+            out.append(model(input_ids=ids, attention_mask=mask, position_ids=positions).logits[:, -1].float())
+            ids = torch.cat([ids, torch.full((ids.shape[0], 1), 3 + step)], dim=1)
+            mask = torch.cat([mask, torch.ones(ids.shape[0], 1, dtype=mask.dtype)], dim=1)
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2", "cohere2", "qwen3_moe", "gpt_oss", "nemotron_h"])
+def test_every_architecture_decodes_as_its_full_forward(arch, tiny_tokenizer, tables):
+    """The loop calls each model as ``generate`` does: a cache built from the model's config (sliding-window layers;
+    the hybrid Nemotron-H's Mamba convolution and SSM states, which a bare ``DynamicCache()`` lacks), router logits
+    off for a Mixture-of-Experts model whose config turns them on (Qwen3-MoE, gpt-oss: their load-balancing loss
+    fails on a one-token step against the whole mask). Teacher-forced over left-padded prompts, the logits of both
+    models at the prefill and every decode step equal a full forward without cache; then two models of the
+    architecture co-generate to the cap."""
+    from contextlib import nullcontext
+
+    from tiny_architectures import CAUSAL_LMS
+
+    from tandem_grpo.generation import _two_models
+
+    senior, junior = CAUSAL_LMS[arch](0), CAUSAL_LMS[arch](1)
+    ids, mask = _prompts(tiny_tokenizer, 3)
+    stepped = _teacher_forced(_two_models(senior, junior, nullcontext), ids, mask)
+    for name, model, index in (("senior", senior, 0), ("junior", junior, 1)):
+        for step, (got, want) in enumerate(zip([s[index] for s in stepped], _full_forward_reference(model, ids, mask),
+                                               strict=True)):  # fmt: skip
+            torch.testing.assert_close(got, want, atol=1e-4, rtol=1e-4, msg=f"{arch} {name} step {step}")
+    out = tandem_generate(senior, junior, ids, mask, rule=HandoffRule("word", 0.5, 32), tables=tables,
+                          max_new_tokens=10, eos_token_ids=[1], pad_token_id=0, seeds=torch.arange(3))  # fmt: skip
+    assert all(ids[-1] == 1 or len(ids) == 10 for ids in out.completion_ids)
+    assert max(map(max, out.completion_ids)) < len(TINY_VOCAB)
+
+
+def test_model_call_reads_what_generate_passes():
+    from tiny_architectures import gpt_oss, nemotron_h
+
+    from tandem_grpo.generation import ModelCall
+
+    llama = ModelCall.of(build_tiny_model(0))
+    assert llama.flags == {"use_cache": True, "logits_to_keep": 1}, "no router flag for a dense model"
+    assert llama.attention_mask and llama.position_ids and llama.default_cache
+    assert ModelCall.of(gpt_oss(0)).flags["output_router_logits"] is False
+    hybrid = ModelCall.of(nemotron_h(0))
+    assert hybrid.flags["output_router_logits"] is False, "Nemotron-H's MoE layers have the config field too"
+    cache = hybrid.new_cache()
+    assert len(cache.layers) == 3 and type(cache.layers[0]) is not type(cache.layers[1]), "Mamba and attention layers"
+    plain = ModelCall.of(lambda **kwargs: None)  # a callable that is not a transformers model: the plain contract
+    assert plain.cache_config is None and plain.flags == {"use_cache": True, "logits_to_keep": 1}
+
+
+def _moe_lora_senior(arch: str):
+    from peft import LoraConfig, get_peft_model
+    from tiny_architectures import CAUSAL_LMS
+
+    if arch == "gpt_oss":  # LoRA on the stacked expert weights (PEFT's ParamWrapper), as TRL's MoE PEFT test
+        config = LoraConfig(r=2, target_parameters=["mlp.experts.down_proj", "mlp.experts.gate_up_proj"])
+    else:
+        config = LoraConfig(r=2, target_modules=["q_proj", "v_proj"])
+    model = get_peft_model(CAUSAL_LMS[arch](0), config)
+    torch.manual_seed(4)
+    with torch.no_grad():  # a trained adapter: the senior and its base differ
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                param.normal_(0, 2.0)
+    return model
+
+
+@pytest.mark.parametrize(("arch", "one_pass"), [("qwen3_moe", True), ("gpt_oss", False)])
+def test_moe_lora_senior_with_base_junior(arch, one_pass, tiny_tokenizer, tables):
+    """A LoRA senior of a MoE model with router logits on, its base as junior (``junior=None``): LoRA on linear
+    layers runs one pass over both models' rows; LoRA on gpt-oss's stacked expert weights (``target_parameters``)
+    folds its update into the weights, so ``lora_B`` never runs a forward and zeroing its output would leave the
+    junior rows with the senior's function: that senior falls back to two passes. Either way the draws are those of
+    the two-pass loop with the adapter disabled for the junior, and both models wrote."""
+    from tandem_grpo.generation import mixed_adapter_batches
+
+    senior = _moe_lora_senior(arch).eval()
+    assert mixed_adapter_batches(senior) is one_pass
+    ids, mask = _prompts(tiny_tokenizer, 8)
+    kw = dict(rule=HandoffRule("token", 0.5, 32), tables=tables, max_new_tokens=12, eos_token_ids=[],
+              pad_token_id=0, seeds=torch.arange(8))  # fmt: skip
+    one = tandem_generate(senior, None, ids, mask, generator=torch.Generator().manual_seed(1), **kw)
+    two = tandem_generate(senior, senior, ids, mask, generator=torch.Generator().manual_seed(1),
+                          junior_context=senior.disable_adapter, **kw)  # fmt: skip
+    solo = tandem_generate(senior, senior, ids, mask, generator=torch.Generator().manual_seed(1), **kw)
+    assert one == two
+    assert one.completion_ids != solo.completion_ids, "the junior is the base, not the senior"
+    written = [a for row in one.authorship for a in row]
+    assert 0 < sum(written) < len(written)
+
+
+# ------------------------------------------------------------------ generate's keyword arguments
+
+# What TRL 1.16's GRPOTrainer passes to `generate` (its sampling fields), before `GRPOConfig.generation_kwargs`.
+_TRL_GENERATION_KWARGS = dict(max_new_tokens=12, do_sample=True, pad_token_id=0, bos_token_id=None, eos_token_id=[1],
+                              temperature=0.7, top_p=0.9, top_k=5, min_p=0.0, repetition_penalty=1.1,
+                              cache_implementation=None)  # fmt: skip
+
+
+def test_generation_kwargs_honoured():
+    from tandem_grpo.generation import sampling_from_generation_kwargs
+
+    settings, cap = sampling_from_generation_kwargs(_TRL_GENERATION_KWARGS, [1], 0.7)
+    assert settings == SamplingSettings(temperature=0.7, top_p=0.9, top_k=5, min_p=0.0, repetition_penalty=1.1)
+    assert cap == 12
+    inert = {"num_beams": 1, "length_penalty": 2.0, "use_cache": True, "disable_compile": True,
+             "num_return_sequences": 1, "cache_implementation": "dynamic", "typical_p": None, "top_k": 3,
+             "min_p": 0.2}  # fmt: skip
+    settings, _ = sampling_from_generation_kwargs({**_TRL_GENERATION_KWARGS, **inert}, [1], 0.7)
+    assert (settings.top_k, settings.min_p) == (3, 0.2)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "why"),
+    [
+        ("num_beams", 2, "beam search"),
+        ("do_sample", False, "always sample"),
+        ("num_return_sequences", 4, "num_generations"),
+        ("cache_implementation", "static", "cache_implementation=None"),
+        ("no_repeat_ngram_size", 3, "honours only temperature"),
+        ("eos_token_id", [7], r"EOS ids \[1\]"),
+        ("temperature", 0.5, "set GRPOConfig.temperature instead"),
+        ("top_p", 1.5, r"top_p=1.5 must be in \(0, 1\]"),
+    ],
+)
+def test_generation_kwargs_refused_with_the_key(key, value, why):
+    from tandem_grpo.generation import sampling_from_generation_kwargs
+
+    with pytest.raises(ValueError, match=why) as err:
+        sampling_from_generation_kwargs({**_TRL_GENERATION_KWARGS, key: value}, [1], 0.7)
+    assert key in str(err.value)
+
+
+def test_trainer_honours_generation_kwargs_or_refuses_them(tmp_path, tiny_model_dirs, tiny_tokenizer):
+    """``GRPOConfig.generation_kwargs`` reach co-generation: ``top_k=1`` leaves one token of the (self-paired)
+    mixture, so a group's completions are identical; beam search is refused at construction, naming the key."""
+    from conftest import tiny_prompts, tiny_tandem_config
+
+    from tandem_grpo import TandemGRPOTrainer
+
+    def build(**generation_kwargs):
+        return TandemGRPOTrainer(
+            model=tiny_model_dirs[0], reward_funcs=lambda completions, **kw: [0.0] * len(completions),
+            args=tiny_tandem_config(tmp_path / "out", generation_kwargs=generation_kwargs),
+            train_dataset=tiny_prompts(), processing_class=tiny_tokenizer,
+        )  # fmt: skip
+
+    with pytest.raises(ValueError, match=r"generation_kwargs\['num_beams'\]=2 cannot be honoured"):
+        build(do_sample=True, num_beams=2)
+    trainer = build(top_k=1)
+    trainer.model.train()
+    batch = trainer._generate_and_score_completions([{"prompt": "ab c"}] * 4)
+    rows = batch["completion_ids"].tolist()
+    assert trainer._rollout is not None and rows[0] == rows[1] == rows[2] == rows[3]
+    assert any(0 in row for row in trainer._rollout.authorship), "the junior wrote: top_k acted on the mixture"
