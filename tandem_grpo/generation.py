@@ -387,6 +387,24 @@ def mixed_adapter_batches(model) -> bool:
     )
 
 
+def check_co_generation_model(model) -> None:
+    """Refuse a model the decode loop cannot call step by step as ``generate`` does: a PEFT prompt-learning model
+    (prompt tuning, P-tuning, prefix tuning), whose forward prepends virtual tokens (or their cache) to every call, so
+    that only its own ``generate`` can decode it. ``None`` and any other model pass.
+
+    Raises:
+        ValueError: naming the PEFT method and the fix.
+    """
+    config = getattr(model, "active_peft_config", None)
+    if config is not None and getattr(config, "is_prompt_learning", False):
+        method = getattr(config.peft_type, "value", config.peft_type)
+        raise ValueError(
+            f"Tandem co-generation does not support PEFT prompt-learning models ({method}): their forward prepends "
+            "virtual tokens at every call, which the step-by-step co-generation cannot decode. Use LoRA (or another "
+            "adapter on weights), or senior-only rollouts (junior_probability=0 or kl_to_junior=True)."
+        )
+
+
 @torch.no_grad()
 def tandem_generate(
     senior: PreTrainedModel,
@@ -450,7 +468,8 @@ def tandem_generate(
     Raises:
         ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor
             ``tokenizer`` is given (nor ``eos_token_ids`` and ``pad_token_id``), or ``junior`` is ``None`` and
-            ``senior`` is not a PEFT model.
+            ``senior`` is not a PEFT model, or a model is a PEFT prompt-learning model
+            ([`check_co_generation_model`][tandem_grpo.generation.check_co_generation_model]).
     """
     sampling = sampling or SamplingSettings()
     device = input_ids.device
@@ -463,6 +482,8 @@ def tandem_generate(
     if tables is None and tokenizer is None:
         raise ValueError("Pass boundary `tables` or a `tokenizer` to build them from.")
     seeds = torch.arange(batch, device=device) if seeds is None else seeds.to(device)
+    for model in (senior, junior):
+        check_co_generation_model(model)
     with contextlib.ExitStack() as stack:
         if junior is not None:
             forward = _two_models(senior, junior, junior_context or contextlib.nullcontext)

@@ -37,7 +37,7 @@ from .authorship import authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
 from .distributed import broadcast_weights
-from .generation import sampling_from_generation_kwargs, tandem_generate
+from .generation import check_co_generation_model, sampling_from_generation_kwargs, tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables, boundary_logprobs, senior_token_terms, unit_start_ids
 from .junior import (
@@ -126,7 +126,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         RuntimeError: the self-paired junior's logits on a probe sequence differ from the senior's at construction.
         ValueError: before any weights are loaded, when the junior's vocabulary differs from the senior's, or
             when an option tandem co-generation does not support (tools, ``rollout_func``, environments,
-            multimodal processors, continuous batching) is combined with co-generation.
+            multimodal processors, continuous batching, a PEFT prompt-learning senior, ``generation_kwargs`` that
+            the transformers loop cannot honour, such as beam search) is combined with co-generation.
     """
 
     _tag_names = ["trl", "grpo", "tandem-grpo"]
@@ -200,6 +201,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         # The transformers loop samples with what TRL passes to `generate` (its sampling fields updated with
         # `generation_kwargs`), and refuses here what it cannot honour (beam search, greedy decoding, ...).
         self._tandem_sampling, self._tandem_max_new_tokens = SamplingSettings.from_config(self), None
+        if co_generates:
+            check_co_generation_model(self.model)  # a PEFT prompt-learning senior (TRL applies `peft_config` above)
         if co_generates and not args.use_vllm:
             self._tandem_sampling, self._tandem_max_new_tokens = sampling_from_generation_kwargs(
                 self.generation_kwargs, self.eos_token_ids, self.temperature

@@ -512,3 +512,18 @@ def test_trainer_honours_generation_kwargs_or_refuses_them(tmp_path, tiny_model_
     rows = batch["completion_ids"].tolist()
     assert trainer._rollout is not None and rows[0] == rows[1] == rows[2] == rows[3]
     assert any(0 in row for row in trainer._rollout.authorship), "the junior wrote: top_k acted on the mixture"
+
+
+def test_prompt_learning_senior_is_refused_with_a_clear_message(tiny_tokenizer, tables):
+    """A PEFT prompt-tuning senior prepends its virtual tokens at every forward: the step-by-step loop refuses it by
+    name (it used to fail inside the model with a shape mismatch)."""
+    from peft import PromptTuningConfig, TaskType, get_peft_model
+
+    senior = get_peft_model(
+        build_tiny_model(0), PromptTuningConfig(task_type=TaskType.CAUSAL_LM, num_virtual_tokens=4)
+    )
+    ids, mask = _prompts(tiny_tokenizer, 2)
+    for junior in (None, build_tiny_model(1)):
+        with pytest.raises(ValueError, match="does not support PEFT prompt-learning models \\(PROMPT_TUNING\\)"):
+            tandem_generate(senior, junior, ids, mask, rule=HandoffRule(), tables=tables, eos_token_ids=[1],
+                            pad_token_id=0, max_new_tokens=4)  # fmt: skip

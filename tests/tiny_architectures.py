@@ -70,6 +70,18 @@ def qwen3_moe(seed: int):
     return _sharpen(Qwen3MoeForCausalLM(config))
 
 
+def glm4_moe(seed: int):
+    """GLM-4 MoE with router logits off, as TRL's tiny model (TRL 1.16's fused head reads ``num_experts`` to add the
+    load-balancing loss when they are on, a field Glm4MoeConfig calls ``n_routed_experts``)."""
+    from transformers import Glm4MoeConfig, Glm4MoeForCausalLM
+
+    torch.manual_seed(seed)
+    config = Glm4MoeConfig(**_COMMON, **_ATTENTION, intermediate_size=32, moe_intermediate_size=8, n_routed_experts=4,
+                           num_experts_per_tok=2, n_shared_experts=1, first_k_dense_replace=1, n_group=1,
+                           topk_group=1)  # fmt: skip
+    return _sharpen(Glm4MoeForCausalLM(config))
+
+
 def gpt_oss(seed: int):
     from transformers import GptOssConfig, GptOssForCausalLM
 
@@ -104,16 +116,20 @@ CAUSAL_LMS = {
     "gemma2": gemma2,
     "cohere2": cohere2,
     "qwen3_moe": qwen3_moe,
+    "glm4_moe": glm4_moe,
     "gpt_oss": gpt_oss,
     "nemotron_h": nemotron_h,
 }
 MOE_ROUTER_LOGITS = ("qwen3_moe", "gpt_oss")
 
 
-def reward_model(seed: int = 5):
-    """A tiny random Qwen2 sequence classifier (one score) over the tiny vocabulary."""
-    from transformers import Qwen2Config, Qwen2ForSequenceClassification
+def reward_model(seed: int = 5, family: str = "qwen2"):
+    """A tiny random sequence classifier (one score) over the tiny vocabulary: ``family`` ``"qwen2"``, ``"qwen3"`` or
+    ``"llama"``."""
+    import transformers
 
+    prefix = {"qwen2": "Qwen2", "qwen3": "Qwen3", "llama": "Llama"}[family]
+    config_class = getattr(transformers, f"{prefix}Config")
+    model_class = getattr(transformers, f"{prefix}ForSequenceClassification")
     torch.manual_seed(seed)
-    config = Qwen2Config(**_COMMON, **_ATTENTION, intermediate_size=32, num_labels=1)
-    return Qwen2ForSequenceClassification(config).eval()
+    return model_class(config_class(**_COMMON, **_ATTENTION, intermediate_size=32, num_labels=1)).eval()
