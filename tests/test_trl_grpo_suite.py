@@ -33,9 +33,11 @@ from unittest.mock import MagicMock, Mock, patch
 
 import pytest
 import torch
+import transformers
 from conftest import build_tiny_tokenizer
 from datasets import Dataset, DatasetDict, IterableDatasetDict
-from tiny_architectures import CAUSAL_LMS, reward_model
+from packaging.version import Version
+from tiny_architectures import CAUSAL_LMS, MOE_ROUTER_LOGITS, reward_model
 from transformers import AutoModelForCausalLM, AutoTokenizer
 from trl import GRPOConfig, GRPOTrainer
 
@@ -149,6 +151,14 @@ def make_args(kind: str, output_dir, **overrides):
     )  # fmt: skip
     config = GRPOConfig if kind == "grpo" else TandemGRPOConfig
     return config(**{**base, **overrides})
+
+
+def generate_needs_router_logits_off(request, kind: str, model: str) -> None:
+    """Before transformers 5.19, ``generate`` (the control's rollouts) keeps the all-ones attention mask on decode
+    steps, so a MoE config with ``output_router_logits=True`` fails in its load-balancing loss there (the tandem loop
+    turns router logits off, as a rollout never needs them)."""
+    if kind == "grpo" and model in MOE_ROUTER_LOGITS and Version(transformers.__version__) < Version("5.19"):
+        request.applymarker(pytest.mark.xfail(raises=RuntimeError, reason=generate_needs_router_logits_off.__doc__))
 
 
 def refuse_for_tandem(request, kind: str, what: str) -> None:
@@ -298,7 +308,8 @@ def test_init_minimal(kind, hub):
 
 
 @pytest.mark.parametrize("model", ["cohere2", "glm4_moe", "gpt_oss", "qwen2", "qwen3_moe", "nemotron_h"])
-def test_train(kind, hub, tmp_path, model):
+def test_train(kind, hub, tmp_path, model, request):
+    generate_needs_router_logits_off(request, kind, model)
     trainer = build(kind, hub, tmp_path, model=model)
     train_and_check(trainer)
     if trainer.aux_loss_enabled:  # MoE models log the load-balancing loss
@@ -501,11 +512,12 @@ def test_train_peft_model(kind, hub, tmp_path):
     _check_peft_trained(trainer, before, base_names, also_skip=("ref",))
 
 
-def test_train_moe_peft_model(kind, hub, tmp_path):
+def test_train_moe_peft_model(kind, hub, tmp_path, request):
     """A LoRA on gpt-oss's stacked expert weights (``target_parameters``), beta > 0. TRL 1.16 with peft >= 0.20
     keeps a frozen ``ref`` copy of the adapter (TRL's test, written for older peft, asserts there is none)."""
     from peft import LoraConfig, get_peft_model
 
+    generate_needs_router_logits_off(request, kind, "gpt_oss")
     model = AutoModelForCausalLM.from_pretrained(hub.path("gpt_oss"), dtype=torch.float32)
     base_names = [f"base_model.model.{n}" for n, _ in model.named_parameters()]
     model = get_peft_model(model, LoraConfig(target_parameters=["mlp.experts.down_proj", "mlp.experts.gate_up_proj"]))
