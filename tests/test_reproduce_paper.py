@@ -7,6 +7,8 @@ from __future__ import annotations
 import dataclasses
 import importlib.util
 import json
+import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -63,8 +65,8 @@ def _check_arms(study, plan, seed: int) -> None:
             plan.shared.temperature, plan.shared.top_p, plan.shared.top_k,
         )  # fmt: skip
         assert config.reward_weights == plan.shared.reward_weights
-    # One training set for every arm and seed; every seed's evaluation sees the same problems.
-    assert len({c.dataset for c in plan.evaluation.values()}) == 1
+    # Every piece's evaluation starts from one config: the same problems, sampling and sizes.
+    assert plan.evaluation.checkpoints == [plan.study.model_name_or_path]
 
 
 def _solo(correct: list[int], n: int = 2) -> dict:
@@ -311,14 +313,14 @@ def test_training_summary_splits_the_kl_term_from_the_policy_loss():
 
 def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
     out = tmp_path / "study"
-    study.main(["--preset", "cpu-small", "--dry_run", "--seeds", "1", "2", "--output_dir", str(out)])
+    results = tmp_path / "results"
+    common = ["--output_dir", str(out), "--results_dir", str(results)]
+    study.main(["--preset", "cpu-small", "--dry_run", "--seeds", "1", "2", *common])
     printed = capsys.readouterr().out
-    assert "Preset cpu-small" in printed and "Estimated time:" in printed
-    assert printed.count("(to train)") == 6
-    assert not out.exists(), "a dry run writes nothing"
-    plan = study.build_plan(
-        *study.parse_args(["--preset", "cpu-small", "--output_dir", str(out), "--seeds", "1", "2"])
-    )
+    assert "Preset cpu-small" in printed and "Estimated time per piece" in printed
+    assert printed.count("(to run,") == 7, printed  # the base once, three arms per seed
+    assert not out.exists() and not results.exists(), "a dry run writes nothing"
+    plan = study.build_plan(*study.parse_args(["--preset", "cpu-small", *common, "--seeds", "1", "2"]))
     _check_arms(study, plan, 1)
     _check_arms(study, plan, 2)
     # The held-out problems are not training problems.
@@ -329,7 +331,7 @@ def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
     assert len(plan.eval_rows) == plan.study.eval_limit and not train & {r["question"] for r in plan.eval_rows}
     # The evaluation asks the held-out questions the way training asked: the same instruction, appended once.
     assert all(not r["question"].endswith(instruction) for r in plan.eval_rows)
-    assert {c.instruction for c in plan.evaluation.values()} == {"one_line"}
+    assert plan.evaluation.instruction == "one_line"
     assert plan.shared.max_steps * study.prompts_per_step(plan.shared) == len(plan.train_dataset)
 
 
@@ -345,11 +347,11 @@ def test_dry_run_gpu_1(study, tmp_path, capsys, no_model_loading):
     _check_arms(study, plan, 1)
     assert plan.configs[(1, "kl_to_junior")].beta == 0.1
     assert all(c.use_vllm and c.vllm_mode == "colocate" for c in plan.configs.values())
-    assert plan.evaluation[1].dataset == "gsm8k" and plan.evaluation[1].k == 8
+    assert plan.evaluation.dataset == "gsm8k" and plan.evaluation.k == 8
     # The authors' settings: rollout temperature 0.6, the binary reward (format logged, not rewarded), their eval
     # decoding.
     assert plan.shared.temperature == 0.6 and plan.shared.reward_weights == [1.0, 0.0]
-    sampling = plan.evaluation[1].sampling
+    sampling = plan.evaluation.sampling
     assert (sampling.temperature, sampling.top_p, sampling.top_k) == (0.7, 0.8, 20)
 
 
@@ -367,7 +369,7 @@ def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
     # The authors' rollout temperature and engine: colocated vLLM rollouts in every arm.
     assert plan.shared.temperature == 0.6 and plan.shared.use_vllm and plan.shared.vllm_mode == "colocate"
     assert not plan.shared.gradient_checkpointing
-    evaluation = plan.evaluation[1]
+    evaluation = plan.evaluation
     assert (evaluation.limit, evaluation.k, evaluation.max_new_tokens) == (100, 8, 256)
     assert (evaluation.sampling.temperature, evaluation.sampling.top_p, evaluation.sampling.top_k) == (0.7, 0.8, 20)
     assert evaluation.schedules == ["alternating", "word"] and evaluation.backend == "vllm"
@@ -400,6 +402,9 @@ def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
         (["--learning", "1e-5"], "unrecognized arguments: --learning"),
         (["--eval_step_grid", "0"], "--eval_step_grid [0]"),
         (["--eval_backend", "tgi"], "--eval_backend 'tgi'"),
+        (["--arms", "grpo", "grpo"], "--arms"),
+        (["--arms", "ppo"], "invalid choice: 'ppo'"),
+        (["--lora_r", "-1"], "--lora_r -1"),
         (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
     ],
 )
@@ -420,7 +425,7 @@ def test_missing_vllm_is_named_before_training(study, tiny_base, tmp_path, monke
     """cpu-paper trains and evaluates with vLLM: without it installed the study stops before the first arm."""
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "vllm" else real(name, *a))
-    monkeypatch.setattr(study, "run_study", lambda plan: pytest.fail("the study started"))
+    monkeypatch.setattr(study, "run_pieces", lambda plan: pytest.fail("the study started"))
     with pytest.raises(SystemExit) as exit_info:
         study.main(["--model_name_or_path", tiny_base, "--output_dir", str(tmp_path / "study"), *argv])
     assert exit_info.value.code == 2
@@ -435,7 +440,7 @@ def test_eval_dataset_replaces_the_held_out_problems(study, no_model_loading, tm
     args, training = study.parse_args(["--preset", "cpu-small", "--eval_dataset", str(data), "--eval_limit", "1"])
     plan = study.build_plan(args, training)
     assert plan.eval_rows is None and plan.eval_source == str(data)
-    assert all(config.dataset == str(data) for config in plan.evaluation.values())
+    assert plan.evaluation.dataset == str(data)
 
 
 @pytest.fixture(scope="module")
@@ -444,23 +449,56 @@ def tiny_base(tmp_path_factory, smollm2_tokenizer) -> str:
     return save_tiny_llamas(tmp_path_factory, smollm2_tokenizer, {"base": 0})["base"]
 
 
-def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
-    out = tmp_path / "study"
+def test_tiny_study_in_pieces_then_the_report_from_committed_files(tiny_base, tmp_path):
+    """Each piece (the base, then one arm at a time) trains, samples, scores, commits its folder and deletes its
+    weights; the report reads nothing but the committed folders; a rerun skips every committed piece."""
+    out, results_dir = tmp_path / "weights", tmp_path / "results"
     command = [sys.executable, str(SCRIPT), "--model_name_or_path", tiny_base, "--output_dir", str(out),
+               "--results_dir", str(results_dir),
                "--max_steps", "1", "--per_device_train_batch_size", "4", "--num_generations", "2",
-               "--max_completion_length", "8", "--eval_limit", "3", "--eval_k", "2", "--eval_step_grid", "1",
-               "--eval_batch_size", "8", "--cpu_threads", "1", "--disable_tqdm", "true",
+               "--max_completion_length", "8", "--eval_limit", "3", "--eval_k", "4",
+               "--eval_batch_size", "12", "--cpu_threads", "1", "--disable_tqdm", "true",
                # The default preset (cpu-paper) but on transformers: vLLM's CPU attention refuses the tiny head size.
                "--use_vllm", "false", "--eval_backend", "transformers", "--eval_max_new_tokens", "8"]  # fmt: skip
-    result = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
-    assert result.returncode == 0, result.stderr[-4000:]
-    for arm in ("grpo", "tandem", "kl_to_junior"):
-        assert f"seed 1, {arm}" in result.stdout
-        assert (out / "seed-1" / arm / "config.json").is_file()
-        assert (out / "seed-1" / arm / "log_history.json").is_file()
-    report = out / "report"
-    for name in ("results.json", "report.md", "report.html", "command.txt", "seed-1/samples.html",
-                 "seed-1/pass_at_k.png", "seed-1/pass_at_k_curve.png", "seed-1/drift.png"):  # fmt: skip
+    first = subprocess.run([*command, "--arms", "base", "grpo"], cwd=tmp_path, env=child_env(), capture_output=True,
+                           text=True, timeout=600)  # fmt: skip
+    assert first.returncode == 0, first.stderr[-4000:]
+    for piece in ("base", "seed-1/grpo"):
+        for name in ("piece.json", "results.json", "samples.jsonl"):
+            assert (results_dir / piece / name).is_file(), (piece, name)
+    assert (results_dir / "seed-1" / "grpo" / "log_history.json").is_file()
+    assert not (results_dir / "seed-1" / "tandem").exists()
+    assert not (out / "seed-1" / "grpo").exists(), "the weights are deleted once the piece is committed"
+    piece = json.loads((results_dir / "seed-1" / "grpo" / "piece.json").read_text())
+    assert piece["wall_seconds"]["training"] > 0 and piece["cpu"] and piece["training"]["logged_steps"] == 1
+    record = json.loads((results_dir / "seed-1" / "grpo" / "samples.jsonl").open().readline())
+    assert record["schedule"] == "solo" and isinstance(record["ids"], list) and "junior_cross_entropy" in record
+    # Only the base piece samples the junior alone.
+    base_results = json.loads((results_dir / "base" / "results.json").read_text())
+    grpo_results = json.loads((results_dir / "seed-1" / "grpo" / "results.json").read_text())
+    assert "solo" in base_results["junior"] and "solo" not in grpo_results["junior"]
+
+    rest = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
+    assert rest.returncode == 0, rest.stderr[-4000:]
+    assert rest.stdout.count("exists, skipped") == 2, rest.stdout  # the base and GRPO pieces
+    for arm in ("tandem", "kl_to_junior"):
+        assert f"seed 1, {arm}" in rest.stdout and (results_dir / "seed-1" / arm / "piece.json").is_file()
+
+    # The report from the committed files alone: the weights are gone and no model is loaded.
+    report = results_dir / "report"
+    shutil.rmtree(report)
+    again = subprocess.run([*command, "--report"], cwd=tmp_path, env=child_env(), capture_output=True, text=True,
+                           timeout=600)  # fmt: skip
+    assert again.returncode == 0, again.stderr[-4000:]
+    check_report(report)
+    if os.environ.get("TANDEM_GRPO_WRITE_STUDY_FIXTURE"):  # regenerate tests/fixtures/study from this run
+        shutil.rmtree(FIXTURE, ignore_errors=True)
+        shutil.copytree(results_dir, FIXTURE, ignore=shutil.ignore_patterns("*.png", "*.html", "report"))
+
+
+def check_report(report: Path) -> None:
+    """What every study report holds, whatever its size."""
+    for name in ("results.json", "report.md", "report.html"):
         assert (report / name).is_file(), name
     results = json.loads((report / "results.json").read_text())
     table = results["comparison"]["seeds"]["1"]
@@ -475,16 +513,13 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     )
     for key in ("tandem - grpo", "kl_to_junior - grpo"):
         assert solo["differences"][key]["paired"] is True and "ci_low" in solo["differences"][key]
-    smoothed = next(row for row in table if row["metric"].startswith("smoothed KL"))
-    assert smoothed["arms"]["base"]["value"] == 0.0 and smoothed["differences"]["tandem - grpo"]["ci_low"] is None
-    # The evaluation's new figures reach the table with their intervals and nulls (k = 2: the moved-back share, which
-    # needs 4 samples per problem, is not measured).
     by_metric = {row["metric"]: row for row in table}
+    # Computed across pieces from their samples: drift against the base's samples, moved-back against GRPO's, the
+    # junior's cross-entropy paired with its own.
     excess = by_metric["excess drift from base over null (binned KL, nats), whole completion"]
     assert all(excess["arms"][a]["ci_low"] is not None and "null" in excess["arms"][a] for a in ARMS)
-    assert excess["differences"]["tandem - grpo"]["paired"] is False
     moved = by_metric["share of GRPO's most-shifted tokens moved back, excess over null"]
-    assert moved["arms"]["tandem"]["note"] == "not measured" and moved["arms"]["grpo"] is None
+    assert moved["arms"]["grpo"] is None and "null" in moved["arms"]["tandem"]
     alternating = by_metric["alternating (paper's protocol) pass@1"]
     assert all(alternating["arms"][a]["ci_low"] is not None for a in ARMS)
     share = by_metric["alternating (paper's protocol) senior share of tokens"]["arms"]["tandem"]
@@ -495,24 +530,33 @@ def test_tiny_study_end_to_end_and_resume(tiny_base, tmp_path):
     assert paired["arms"]["base"] is None and paired["arms"]["tandem"]["ci_low"] is not None
     cap = by_metric["share of solo completions cut at the token cap"]
     assert all(cap["arms"][a]["ci_low"] is not None for a in ("base", *ARMS))
-    markdown = (report / "report.md").read_text()
-    assert "## Where each row comes from" in markdown and "; null " in markdown
-    training = results["study"]["arms"]
-    assert training["kl_to_junior"]["training"]["1"]["beta"] == 0.001  # the authors' k3 coefficient
-    # The paper's reward: the verifier alone; the format reward is logged beside it, not added to it.
-    history = json.loads((out / "seed-1" / "grpo" / "log_history.json").read_text())
-    steps = [entry for entry in history if "reward" in entry]
-    assert steps and all("rewards/format_reward/mean" in entry for entry in steps)
-    assert all(entry["reward"] == pytest.approx(entry["rewards/accuracy_reward/mean"]) for entry in steps)
-    assert training["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
-    assert training["grpo"]["training"]["1"]["mean_senior_token_fraction"] == 1.0
-    assert training["tandem"]["training"]["1"]["mean_senior_token_fraction"] < 1.0
-    assert "reproduce_paper.py" in (report / "command.txt").read_text()
+    assert "## Where each row comes from" in (report / "report.md").read_text()
+    arms = results["study"]["arms"]
+    assert arms["kl_to_junior"]["config"]["beta"] == 0.001  # the authors' k3 coefficient
+    assert arms["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
+    assert arms["grpo"]["training"]["1"]["mean_senior_token_fraction"] == 1.0
+    assert arms["tandem"]["training"]["1"]["mean_senior_token_fraction"] < 1.0
+    assert all(arms[a]["cpu"]["1"] and arms[a]["wall_seconds"]["1"]["total"] > 0 for a in ARMS)
     assert "trl" in results["study"]["versions"]
 
-    # Rerun: every arm and the evaluation are found and skipped, and the report is rewritten.
-    (report / "results.json").unlink()
-    again = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stdout.count("exists, skipped") == 4, again.stdout
-    assert (report / "results.json").is_file()
+
+FIXTURE = Path(__file__).resolve().parent / "fixtures" / "study"
+
+
+def test_the_report_from_the_committed_fixture(tmp_path):
+    """A tiny committed study (tests/fixtures/study: the base and three arms, 3 problems x 4 samples) gives the full
+    report with `--report` alone."""
+    copy = tmp_path / "study"
+    shutil.copytree(FIXTURE, copy)
+    result = subprocess.run([sys.executable, str(SCRIPT), "--report", "--results_dir", str(copy)], cwd=tmp_path,
+                            env=child_env(), capture_output=True, text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert "1 seed(s)" in result.stdout
+    check_report(copy / "report")
+
+
+def test_the_report_needs_the_base_and_an_arm(tmp_path, capsys, study):
+    with pytest.raises(SystemExit) as exit_info:
+        study.main(["--report", "--results_dir", str(tmp_path)])
+    assert exit_info.value.code == 2
+    assert "needs the base piece" in capsys.readouterr().err

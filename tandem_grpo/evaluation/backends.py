@@ -19,6 +19,7 @@ Teacher-forced scoring (legibility) runs on the transformers models whatever the
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 
 import torch
@@ -362,13 +363,19 @@ class TandemEngine:
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         max_model_len: longest prompt plus completion, in tokens.
         seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
+        concurrent: completions the evaluation asks for at once. On a CPU the KV cache is sized so that
+            ``min(concurrent, max_num_seqs)`` completions of ``max_model_len`` tokens fit without preemption (a
+            cache too small for the batch makes vLLM preempt and recompute), within ``CPU_KV_CACHE_SHARE`` of the
+            machine's memory and at least the default ``CPU_KV_CACHE_BYTES``.
 
     Raises:
         ImportError: vLLM is missing or too old.
         ValueError: the junior's vocabulary differs from the senior's.
     """
 
-    def __init__(self, senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0) -> None:
+    def __init__(
+        self, senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
+    ) -> None:
         from ..vllm.engine import build_llm, engine_info
 
         self.junior = junior
@@ -382,6 +389,7 @@ class TandemEngine:
             dtype=dtype,
             enforce_eager=True,
             seed=seed,
+            **_cpu_kv_cache(senior, dtype, max_model_len, concurrent),
         )
         self.senior = senior
         self.eos_token_ids = [int(i) for i in engine_info(self.llm)["eos_token_ids"]]
@@ -392,8 +400,7 @@ class TandemEngine:
             return
         from ..vllm.model import iter_checkpoint
 
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.reload_senior(iter_checkpoint(path))  # one call: a layer split over two reloads is left incomplete
+        self._model().reload_senior(iter_checkpoint(path))  # one call: a layer split over two reloads is left incomplete
         self.llm.reset_prefix_cache()
         self.senior = path
 
@@ -424,20 +431,48 @@ class TandemEngine:
         """
         from ..vllm.engine import generate_with_llm
 
+        # A model that writes alone runs alone (TandemForCausalLM.set_solo): half the forward passes.
+        solo = {0.0: "senior", 1.0: "junior"}.get(float(getattr(rule, "junior_probability", 0.5)))
+        if self._model().set_solo(solo):
+            self.llm.reset_prefix_cache()
         return generate_with_llm(self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop)
+
+    def _model(self):
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+
+
+CPU_KV_CACHE_SHARE = 0.4
+"""Largest share of the machine's memory the evaluation engine's KV cache takes on a CPU."""
+
+MAX_NUM_SEQS = 256
+"""Completions vLLM decodes at once (its own default)."""
+
+
+def _cpu_kv_cache(senior: str, dtype: str, max_model_len: int, concurrent: int) -> dict:
+    """``build_llm`` arguments that size a CPU engine's KV cache for the batch (none on a GPU or without a batch)."""
+    if torch.cuda.is_available() or concurrent < 1:
+        return {}
+    from ..vllm.engine import CPU_KV_CACHE_BYTES, kv_cache_bytes
+
+    wanted = kv_cache_bytes(senior, dtype, min(concurrent, MAX_NUM_SEQS) * max_model_len)
+    limit = int(CPU_KV_CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
+    return {"kv_cache_memory_bytes": max(CPU_KV_CACHE_BYTES, min(wanted, limit)), "max_num_seqs": MAX_NUM_SEQS}
 
 
 _ENGINE: TandemEngine | None = None
 
 
-def shared_engine(senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0) -> TandemEngine:
+def shared_engine(
+    senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
+) -> TandemEngine:
     """The process's [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine], built on first use and reused
     while the junior and dtype match and its ``max_model_len`` suffices (vLLM does not free an in-process engine
     reliably, so one is kept); ``senior`` is loaded into its senior slot."""
     global _ENGINE
     if _ENGINE is None or (_ENGINE.junior, _ENGINE.dtype) != (junior, dtype) or _ENGINE.max_model_len < max_model_len:
         _ENGINE = None  # drop the old engine before building the next
-        _ENGINE = TandemEngine(senior, junior, dtype=dtype, max_model_len=max_model_len, seed=seed)
+        _ENGINE = TandemEngine(senior, junior, dtype=dtype, max_model_len=max_model_len, seed=seed,
+                               concurrent=concurrent)  # fmt: skip
     _ENGINE.load_senior(senior)
     return _ENGINE
 

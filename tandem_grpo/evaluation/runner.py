@@ -208,6 +208,8 @@ class EvaluationConfig:
     step_grid: list[int] = _arg([1, 2, 3], "Step counts s of the step schedules (s steps, then the other model).")
     measurements: list[str] = _arg(list(MEASUREMENTS), f"Which of {', '.join(MEASUREMENTS)} to run (solo always "
                                    "runs).")  # fmt: skip
+    junior_solo: bool = _arg(True, "Sample the junior alone (its solo block and its own legibility reference); "
+                             "off when another run holds them (the reproduction study's pieces).")  # fmt: skip
     backend: str = _arg("transformers", f"Generation backend, one of {', '.join(BACKENDS)}: transformers generate "
                         "and tandem_generate, or one tandem vLLM engine (unseeded on a CPU).")  # fmt: skip
     batch_size: int = _arg(16, "Sequences per generation call.")
@@ -564,8 +566,9 @@ class _Run:
 
     def solo_keys(self) -> list[str]:
         """Every distinct model that needs solo samples (the junior's drafts start the junior-first schedules)."""
+        junior = [self.junior_key] if self.config.junior_solo else []
         extra = [key for key in (self.base_key, self.grpo_key) if key]
-        return list(dict.fromkeys(self.senior_keys + [self.junior_key] + extra))
+        return list(dict.fromkeys(self.senior_keys + junior + extra))
 
     def score(self, completions: list[list[int]]) -> list[bool]:
         return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
@@ -704,7 +707,8 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
         try:
             engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,
-                                   max_model_len=max_model_len, seed=config.seed)  # fmt: skip
+                                   max_model_len=max_model_len, seed=config.seed,
+                                   concurrent=len(prompt_ids) * config.k)  # fmt: skip
         except (ImportError, ValueError) as err:
             raise EvaluationError(f"--backend vllm: {err}") from err
         for key, m in models.items():
@@ -765,7 +769,7 @@ def _measure_solo(run: _Run) -> dict:
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         },
         "checkpoints": {name: {"path": m.path, "solo": run.solo_block(m)} for name, m in run.seniors()},
-        "junior": {"path": junior_arg, "solo": run.solo_block(run.junior)},
+        "junior": {"path": junior_arg} | ({"solo": run.solo_block(run.junior)} if run.junior.solo else {}),
     }
     for key in run.solo_keys():
         m = run.models[key]
@@ -972,7 +976,14 @@ def _measure_legibility(run: _Run, results: dict) -> None:
         return entry
 
     outputs = {name: score(m.resolved, m.model, f"legibility {name}") for name, m in run.seniors()}
+    for name, m in run.seniors():  # per completion in samples.jsonl: a later report can pair them across runs
+        _attach(run.records, m.path, outputs[name]["per_completion"])
+    if run.junior.solo is None:  # the junior's own reference lives in another run (EvaluationConfig.junior_solo)
+        for name, out in outputs.items():
+            results["checkpoints"][name]["legibility"] = block(out)
+        return
     own = score(run.junior_key, None, "legibility junior (self)")
+    _attach(run.records, run.junior.path, own["per_completion"])
     own_ce = per_problem(own, "junior_cross_entropy")
     for name, out in outputs.items():
         entry = results["checkpoints"][name]["legibility"] = block(out)
@@ -1013,6 +1024,16 @@ def _authorship_views(run: _Run, schedule_outputs: dict[str, list[ScheduleOutput
     return views
 
 
+def _attach(records: list[dict], checkpoint: str, per_completion: dict) -> None:
+    """Write each solo completion's legibility values (``per_completion``, aligned with the rows) into its record."""
+    solo = [r for r in records if r["schedule"] == "solo" and r["checkpoint"] == checkpoint]
+    for metric in ("junior_cross_entropy", "overlap"):
+        values = per_completion.get(metric)
+        if values is not None:
+            for record, value in zip(solo, values, strict=True):
+                record[metric] = value
+
+
 def _mean_len(completions: list[list[int]]) -> float:
     return sum(len(c) for c in completions) / len(completions) if completions else float("nan")
 
@@ -1030,6 +1051,7 @@ def _records(checkpoint, schedule, completions, authorship, correct, tokenizer, 
             "num_tokens": len(ids),
             "senior_tokens": int(sum(a)),
             "text": text,
+            "ids": [int(t) for t in ids],
             "authorship": list(a),
         }
         for i, (ids, a, ok, text) in enumerate(zip(completions, authorship, correct, texts, strict=True))

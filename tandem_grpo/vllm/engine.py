@@ -324,6 +324,19 @@ CPU_KV_CACHE_BYTES = 2 << 30
 a few hundred concurrent completions)."""
 
 
+def kv_cache_bytes(model: str, dtype: str, tokens: int, *, tandem: bool = True) -> int:
+    """Bytes of KV cache that hold ``tokens`` tokens of the model in folder ``model`` at ``dtype`` (both models' caches
+    when ``tandem``): ``2 (K and V) x layers x KV heads x head size x dtype bytes`` per token and model."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(model)
+    config = getattr(config, "text_config", None) or config
+    head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    width = torch.empty((), dtype=getattr(torch, dtype)).element_size()
+    return int(tokens) * 2 * config.num_hidden_layers * heads * head * width * (2 if tandem else 1)
+
+
 def cpu_kv_cache_default(kwargs: Mapping[str, object]) -> bool:
     """Whether [`build_llm`][tandem_grpo.vllm.engine.build_llm] sets ``kv_cache_memory_bytes`` itself: no CUDA, and
     neither the ``kv_cache_memory_bytes`` argument nor ``VLLM_CPU_KVCACHE_SPACE`` gives a size."""

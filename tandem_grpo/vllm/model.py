@@ -126,6 +126,8 @@ class TandemForCausalLM(nn.Module):
             )
         self.junior = junior_cls(vllm_config=junior_vllm_config, prefix=maybe_prefix(prefix, JUNIOR_PREFIX))
         self.senior_hidden_size = int(hf_config.get_text_config().hidden_size)
+        # "senior" or "junior": run that model alone (set_solo); None: both, as training needs.
+        self.solo: str | None = None
         self._model_config = model_config
         self._initial_load_done = False
         for param in self.junior.parameters():
@@ -149,17 +151,39 @@ class TandemForCausalLM(nn.Module):
         """
         if inputs_embeds is not None or intermediate_tensors is not None:
             raise NotImplementedError("TandemForCausalLM takes token ids only (no prompt embeds, no pipeline stages).")
+        if self.solo is not None:  # one model's hidden states [num_tokens, H]
+            return getattr(self, self.solo)(input_ids, positions)
         senior_hidden = self.senior(input_ids, positions)
         junior_hidden = self.junior(input_ids, positions)
         return torch.cat([senior_hidden, junior_hidden], dim=-1)
 
     def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor | None:
         """Senior logits ``[n, V_s]`` (returned) and junior logits ``[n, V_j]`` (published for the logits
-        processor, which cuts both to the tokenizer's ids)."""
+        processor, which cuts both to the tokenizer's ids). In solo mode the one model's logits are both."""
+        if self.solo is not None:
+            logits = getattr(self, self.solo).compute_logits(hidden_states)
+            put_junior_logits(logits)
+            return logits
         senior_hidden = hidden_states[..., : self.senior_hidden_size]
         junior_hidden = hidden_states[..., self.senior_hidden_size :]
         put_junior_logits(self.junior.compute_logits(junior_hidden))
         return self.senior.compute_logits(senior_hidden)
+
+    def set_solo(self, model: str | None) -> bool:
+        """Run only ``"senior"`` or only ``"junior"`` from the next step on (``None``: both). For requests that one
+        model writes alone (junior probability 0 or 1) the other's forward is wasted work; the evaluation's solo
+        samples and the alternating protocol's steps are such requests. Returns whether the mode changed: the
+        caller must then reset the prefix cache, since blocks computed in one mode lack the other model's keys and
+        values. Not for training rollouts, whose log-prob records need both models.
+
+        Raises:
+            ValueError: another value.
+        """
+        if model not in (None, "senior", "junior"):
+            raise ValueError(f"solo must be None, 'senior' or 'junior', not {model!r}.")
+        changed = model != self.solo
+        self.solo = model
+        return changed
 
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load weights; see the module docstring for the routing. Returns the loaded parameter names (prefixed).
