@@ -130,6 +130,10 @@ class StudyArguments:
     results_dir: str | None = field(default=None, metadata={"help": "Where the pieces (samples, metrics) and the "
                                     "report go. Default: results/<preset>."})  # fmt: skip
     report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <results_dir>/report)."})
+    pilot: bool = field(default=False, metadata={"help": "Solo samples only (no handoff schedules, no "
+                        "cross-entropy), committed to <results_dir>/pilot/seed-<s>/<arm> with pilot.json: the arm's "
+                        "held-out pass@1 minus the base piece's, paired over problems. Checks that an arm learnt "
+                        "before its full piece is run."})  # fmt: skip
     keep_weights: bool = field(default=False, metadata={"help": "Keep each arm's trained weights in --output_dir "
                                "(default: deleted once its piece is committed)."})  # fmt: skip
     lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
@@ -353,7 +357,9 @@ class Plan:
 
     def piece_dir(self, seed: int, arm: str) -> Path:
         """Where a piece is committed: ``<results_dir>/base`` or ``<results_dir>/seed-<s>/<arm>``."""
-        return self.results_dir / "base" if arm == "base" else self.results_dir / f"seed-{seed}" / arm
+        if arm == "base":
+            return self.results_dir / "base"
+        return self.results_dir / ("pilot" if self.study.pilot else "") / f"seed-{seed}" / arm
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).
@@ -593,8 +599,37 @@ def piece_config(plan: Plan, arm: str, checkpoint: str, output_dir: Path):
 
     return dataclasses.replace(
         plan.evaluation, checkpoints=[checkpoint], grpo_checkpoint=None, output_dir=str(output_dir),
-        measurements=["handoff", "legibility"], junior_solo=arm == "base",
+        measurements=[] if plan.study.pilot and arm != "base" else ["handoff", "legibility"],
+        junior_solo=arm == "base",
     )  # fmt: skip
+
+
+def pilot_verdict(base_results: dict, arm_results: dict, confidence: float = 0.95) -> dict:
+    """The arm's held-out pass@1 minus the base's, per problem (mean accuracy over the ``k`` samples), with a
+    percentile-bootstrap interval over problems (paired: both sampled the same problems). ``learnt`` is true when the
+    whole interval is above 0.
+
+    Raises:
+        ValueError: the two results did not sample the same number of problems and samples.
+    """
+    from tandem_grpo.evaluation.metrics import bootstrap_mean
+
+    base = base_results["junior"]["solo"]
+    (arm,) = arm_results["checkpoints"].values()
+    arm = arm["solo"]
+    if (len(base["correct_per_problem"]), base["num_samples"]) != (len(arm["correct_per_problem"]),
+                                                                   arm["num_samples"]):  # fmt: skip
+        raise ValueError("the pilot and the base piece sampled different problems or numbers of samples.")
+    n = base["num_samples"]
+    diff = [(a - b) / n for a, b in zip(arm["correct_per_problem"], base["correct_per_problem"], strict=True)]
+    estimate = bootstrap_mean(diff, confidence, seed=0)
+    return {
+        "base_pass@1": sum(base["correct_per_problem"]) / (n * len(diff)),
+        "arm_pass@1": sum(arm["correct_per_problem"]) / (n * len(diff)),
+        "difference": estimate.to_dict(),
+        "learnt": estimate.low > 0,
+        "definition": "per-problem mean accuracy of the arm minus the base's, bootstrap over problems (paired)",
+    }
 
 
 def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
@@ -604,6 +639,9 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if (final / PIECE_FILE).is_file():
         print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
         return None
+    if plan.study.pilot and arm != "base" and not (plan.piece_dir(seed, "base") / PIECE_FILE).is_file():
+        raise FileNotFoundError(f"--pilot compares with the base piece: run --arms base first "
+                                f"({plan.piece_dir(seed, 'base')} is missing).")  # fmt: skip
     partial = final.with_name(final.name + ".partial")
     if partial.exists():
         shutil.rmtree(partial)  # left by an interrupted run
@@ -636,6 +674,12 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
             shutil.copy(weights / name, partial / name)
     piece["vocab_size"] = _vocab_size(checkpoint)
     piece["wall_seconds"]["total"] = sum(piece["wall_seconds"].values())
+    if plan.study.pilot and arm != "base":
+        base_results = json.loads((plan.piece_dir(seed, "base") / "results.json").read_text())
+        verdict = pilot_verdict(base_results, json.loads((partial / "results.json").read_text()))
+        (partial / "pilot.json").write_text(json.dumps(verdict, indent=1))
+        print(f"[{_label(seed, arm)}] pilot: pass@1 {verdict['base_pass@1']:.3f} (base) -> "
+              f"{verdict['arm_pass@1']:.3f}, difference {verdict['difference']}", flush=True)  # fmt: skip
     (partial / PIECE_FILE).write_text(json.dumps(piece, indent=1, default=str))
     partial.rename(final)
     if weights is not None and not plan.study.keep_weights:

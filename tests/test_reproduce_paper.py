@@ -560,3 +560,23 @@ def test_the_report_needs_the_base_and_an_arm(tmp_path, capsys, study):
         study.main(["--report", "--results_dir", str(tmp_path)])
     assert exit_info.value.code == 2
     assert "needs the base piece" in capsys.readouterr().err
+
+
+def test_pilot_verdict_pairs_the_arm_with_the_base(study):
+    """The pilot's reading: per-problem accuracy of the arm minus the base's, with an interval; 'learnt' only when
+    the whole interval is above 0."""
+    base = json.loads((FIXTURE / "base" / "results.json").read_text())
+    arm = json.loads((FIXTURE / "seed-1" / "grpo" / "results.json").read_text())
+    (entry,) = arm["checkpoints"].values()
+    n = entry["solo"]["num_samples"]
+    problems = len(entry["solo"]["correct_per_problem"])
+    base["junior"]["solo"]["correct_per_problem"] = [0] * problems
+    entry["solo"]["correct_per_problem"] = [n] * problems  # every sample right: learnt
+    verdict = study.pilot_verdict(base, arm)
+    assert verdict["learnt"] and verdict["arm_pass@1"] == 1.0 and verdict["base_pass@1"] == 0.0
+    entry["solo"]["correct_per_problem"] = [0] * problems  # no change: not learnt
+    verdict = study.pilot_verdict(base, arm)
+    assert not verdict["learnt"] and verdict["difference"]["value"] == 0.0
+    entry["solo"]["correct_per_problem"] = [0] * (problems + 1)
+    with pytest.raises(ValueError, match="different problems"):
+        study.pilot_verdict(base, arm)
