@@ -234,7 +234,7 @@ class ModelCall:
 
         A callable that is not a transformers model (no ``config``, or no ``forward`` to read) gets the plain
         contract: a bare ``DynamicCache()`` under ``past_key_values`` (or the name
-        [`cache_kwarg`][tandem_grpo._compat.cache_kwarg] picks), ``use_cache=True``, ``logits_to_keep=1``, the
+        `tandem_grpo._compat.cache_kwarg` picks), ``use_cache=True``, ``logits_to_keep=1``, the
         attention mask and position ids."""
         inner = _innermost(model)
         config = getattr(inner, "config", None)

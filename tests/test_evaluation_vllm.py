@@ -150,13 +150,13 @@ def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
 
 @pytest.fixture(scope="module")
 def flattened_senior(smollm2_path, tmp_path_factory) -> str:
-    """SmolLM2 with its final norm scaled by 0.3: a senior whose next-token distribution clearly differs from the
+    """SmolLM2 with its final norm scaled by 0.6: a senior whose next-token distribution clearly differs from the
     junior's (the engine's junior stays the original)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(smollm2_path, dtype=torch.float32)
     with torch.no_grad():
-        model.model.norm.weight.mul_(0.3)
+        model.model.norm.weight.mul_(0.6)
     path = tmp_path_factory.mktemp("flattened")
     model.save_pretrained(path)
     AutoTokenizer.from_pretrained(smollm2_path).save_pretrained(path)

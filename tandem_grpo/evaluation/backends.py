@@ -400,7 +400,8 @@ class TandemEngine:
             return
         from ..vllm.model import iter_checkpoint
 
-        self._model().reload_senior(iter_checkpoint(path))  # one call: a layer split over two reloads is left incomplete
+        # One call: a layer split over two reloads is left incomplete.
+        self._model().reload_senior(iter_checkpoint(path))
         self.llm.reset_prefix_cache()
         self.senior = path
 

@@ -162,7 +162,9 @@ class TandemForCausalLM(nn.Module):
         processor, which cuts both to the tokenizer's ids). In solo mode the one model's logits are both."""
         if self.solo is not None:
             logits = getattr(self, self.solo).compute_logits(hidden_states)
-            put_junior_logits(logits)
+            # A copy: vLLM scales the returned logits by the temperature in place, and the processor scales the
+            # junior's itself; one shared tensor would be scaled twice.
+            put_junior_logits(logits.clone())
             return logits
         senior_hidden = hidden_states[..., : self.senior_hidden_size]
         junior_hidden = hidden_states[..., self.senior_hidden_size :]
