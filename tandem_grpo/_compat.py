@@ -14,6 +14,8 @@
   too).
   [`silence_trl_deprecations`][tandem_grpo._compat.silence_trl_deprecations] ignores exactly those three messages
   (TRL's to fix; the filter goes when the TRL pin moves past them).
+- tandem-grpo's own earlier paths: a module whose public names moved gets its ``__getattr__`` from
+  [`moved_names`][tandem_grpo._compat.moved_names], so the old import works for one more release with a warning.
 
 ``tests/test_compat.py`` fails when any of these upstream facts changes.
 """
@@ -21,6 +23,7 @@
 from __future__ import annotations
 
 import functools
+import importlib
 import importlib.metadata
 import inspect
 import os
@@ -29,7 +32,7 @@ import warnings
 
 import torch
 
-__all__ = ["TESTED_TRL", "cache_kwarg", "check_trl_version", "silence_trl_deprecations"]
+__all__ = ["TESTED_TRL", "cache_kwarg", "check_trl_version", "moved_names", "silence_trl_deprecations"]
 
 TESTED_TRL = (">=1.16.0", "<1.17")
 """The TRL range the trainer is tested with; ``pyproject.toml`` pins the same range (a test checks they agree)."""
@@ -135,3 +138,30 @@ def silence_trl_deprecations() -> None:
         ):
             return
     warnings.filterwarnings("ignore", message=TRL_DEPRECATED_CALLS, category=FutureWarning)
+
+
+def moved_names(module: str, moved: dict[str, str]):
+    """A module-level ``__getattr__`` for ``module`` that serves each name of ``moved`` from its new module.
+
+    Args:
+        module: the old module's ``__name__``.
+        moved: ``{name: new module's dotted path}``.
+
+    Returns:
+        ``__getattr__(name)``: the object from its new module, with a ``DeprecationWarning`` naming the new path.
+
+    Raises:
+        AttributeError: from the returned function, for a name not in ``moved``.
+    """
+
+    def __getattr__(name: str):
+        if name not in moved:
+            raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        warnings.warn(
+            f"{module}.{name} moved to {moved[name]}.{name}; the old path goes in the next release.",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(importlib.import_module(moved[name]), name)
+
+    return __getattr__

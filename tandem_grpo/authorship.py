@@ -43,3 +43,16 @@ def spans_to_html(spans: list[tuple[str, int]]) -> str:
         f'<span class="{"senior" if author == SENIOR else "junior"}">{html.escape(text)}</span>'
         for text, author in spans
     )
+
+
+def authorship_counts(authorship: list[list[int]], unit_starts: list[list[bool]]) -> list[int]:
+    """``[senior tokens, tokens, junior units, units, handoffs, completions]`` summed over a batch's rows (author 1
+    senior, 0 junior; a handoff is a change of author between neighbouring tokens)."""
+    senior = junior_units = units = handoffs = tokens = 0
+    for row, starts in zip(authorship, unit_starts, strict=True):
+        tokens += len(row)
+        senior += sum(row)
+        units += sum(starts[: len(row)])
+        junior_units += sum(1 for a, s in zip(row, starts, strict=False) if s and a == 0)
+        handoffs += sum(1 for a, b in zip(row, row[1:], strict=False) if a != b)
+    return [senior, tokens, junior_units, units, handoffs, len(authorship)]

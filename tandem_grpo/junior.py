@@ -1,5 +1,5 @@
-"""The junior: vocabulary checks, loading, independent frozen copies, and the check that a junior computes what it
-should (frozen, on the senior's device and dtype)."""
+"""The junior: vocabulary checks, loading, independent frozen copies, the check that a junior computes what it
+should (frozen, on the senior's device and dtype), and the trainer's choice of its junior."""
 
 from __future__ import annotations
 
@@ -13,8 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PreTrainedModel, PreTrainedTokenizerBase
 
+from .distributed import broadcast_weights
 from .models import resolve_model_path
 
 
@@ -271,3 +272,132 @@ def same_function(reference: torch.Tensor, logits: torch.Tensor, atol: float = 1
     a = torch.log_softmax(reference[..., :width], dim=-1)
     b = torch.log_softmax(logits[..., :width], dim=-1)
     return bool(torch.allclose(a, b, atol=atol, rtol=0))
+
+
+# ------------------------------------------------------------------ the trainer's junior
+def senior_vocabulary(model, processing_class) -> tuple[PreTrainedTokenizerBase, int]:
+    """The senior's tokenizer and logits width, from its tokenizer and config alone (no weights loaded).
+
+    Args:
+        model: the senior, a model or a name or path.
+        processing_class: the trainer's ``processing_class``, or ``None`` to load the senior's tokenizer.
+    """
+    from trl.trainer.utils import get_config_model_id
+
+    source = model if isinstance(model, str) else get_config_model_id(model.config)
+    tokenizer = processing_class or AutoTokenizer.from_pretrained(source)
+    return tokenizer, logits_width(AutoConfig.from_pretrained(source) if isinstance(model, str) else model.config)
+
+
+def choose_junior(trainer, junior_path: str | None) -> tuple[PreTrainedModel | None, str | None]:
+    """The frozen junior of a trainer that co-generates with the transformers loop, and how the senior runs it.
+
+    ``junior_path`` (checked by [`check_junior_vocabulary`][tandem_grpo.junior.check_junior_vocabulary]) is loaded
+    like the senior. Otherwise (self-pairing) the junior computes the senior's function as it is at construction:
+    a reload of the senior's checkpoint under DeepSpeed ZeRO-3; for a PEFT senior whose adapter is still the
+    identity, the base with the adapter disabled (no junior model; context ``"disable_adapter"``); TRL's reference
+    model when ``beta > 0`` and it computes the same function (never with ``sync_ref_model`` or FSDP); else a
+    [`frozen_copy`][tandem_grpo.junior.frozen_copy] of the senior.
+
+    Args:
+        trainer: a ``TandemGRPOTrainer`` after ``GRPOTrainer.__init__``.
+        junior_path: the resolved ``junior_model_name_or_path``, or ``None`` for self-pairing.
+
+    Returns:
+        ``(junior, context)``: the prepared junior (``None`` with ``"disable_adapter"``) and ``context``.
+
+    Raises:
+        ValueError: a named junior does not fit the device's free memory.
+        RuntimeError: the copy's logits on a probe sequence differ from the senior's.
+    """
+    from accelerate.utils import is_peft_model
+    from trl.trainer.utils import get_config_model_id
+
+    if junior_path is not None:
+        return prepare_frozen(trainer, load_like_senior(trainer, junior_path)), None
+    if is_zero3(trainer):
+        # Parameters are partitioned: no rank holds the whole senior to copy, so reload the initial weights. The
+        # probe check is skipped: a forward of the partitioned senior outside the engine is a collective.
+        source = resolve_model_path(get_config_model_id(trainer.model.config))
+        return prepare_frozen(trainer, load_like_senior(trainer, source)), None
+    width = logits_width(trainer.model.config)
+    initial = probe_logits(trainer.model, width)
+    if is_peft_model(trainer.model) and same_function(
+        initial, probe_logits(trainer.model, width, trainer.model.disable_adapter)
+    ):
+        # A fresh adapter is the identity: the base with the adapter disabled is the initial senior, at no memory
+        # cost. An adapter that already changes the model is copied with it (below).
+        return None, "disable_adapter"
+    if trainer.ref_model is not None and not trainer.args.sync_ref_model and not trainer.is_fsdp_enabled:
+        # beta > 0: TRL's reference model, loaded from the senior's checkpoint, is the initial senior unless the
+        # senior was modified after loading (then the probe differs and a copy is made below). Not under FSDP:
+        # with cpu_ram_efficient_loading, ranks other than 0 hold zeros here, so the probe could differ by rank
+        # and ranks would pick different juniors (TRL's reference is also sharded from those zeros).
+        if same_function(initial, probe_logits(trainer.accelerator.unwrap_model(trainer.ref_model), width)):
+            return trainer.ref_model, None
+    junior = frozen_copy(trainer.accelerator.unwrap_model(trainer.model))
+    if not same_function(initial, probe_logits(junior, width)):
+        raise RuntimeError(
+            "The self-paired junior does not compute the senior's initial function (probe logits differ). "
+            "Set junior_model_name_or_path to the senior's initial checkpoint."
+        )
+    return prepare_frozen(trainer, junior), None
+
+
+def junior_as_reference(trainer, junior_path: str | None):
+    """The reference model of the ``kl_to_junior`` ablation (TRL's KL-to-reference with the junior as reference):
+    ``junior_path`` loaded like the senior; else TRL's reference, or a frozen copy of the senior when TRL's
+    reference (reloaded from the senior's checkpoint) is not the initial senior. A PEFT senior has no reference
+    model (TRL disables the adapter, or uses its "ref" copy of a trained adapter)."""
+    if junior_path is not None:
+        return prepare_frozen(trainer, load_like_senior(trainer, junior_path), fused_head=True)
+    if trainer.ref_model is None or is_zero3(trainer):
+        return trainer.ref_model
+    width = logits_width(trainer.model.config)
+    reference = trainer.accelerator.unwrap_model(trainer.ref_model)
+    if same_function(probe_logits(trainer.model, width), probe_logits(reference, width)):
+        return trainer.ref_model
+    return prepare_frozen(trainer, frozen_copy(trainer.accelerator.unwrap_model(trainer.model)), fused_head=True)
+
+
+def load_like_senior(trainer, path: str) -> PreTrainedModel:
+    """Load ``path`` frozen, in the senior's dtype and on its device, after checking that it fits there.
+
+    Raises:
+        ValueError: the weights do not fit in the device's free memory
+            ([`check_junior_fits`][tandem_grpo.junior.check_junior_fits]).
+    """
+    device = trainer.accelerator.device
+    weight_bytes, free_bytes = junior_weight_bytes(path, trainer.model.dtype), free_memory_bytes(device)
+    if weight_bytes is not None and free_bytes is not None:
+        # A GPU per process; the processes of one machine share its CPU memory. ZeRO-3 loads a shard per process,
+        # partitioned while loading only under zero.Init (zero3_init_flag); otherwise whole until prepared.
+        copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
+        sharded = is_zero3(trainer) and trainer.accelerator.state.deepspeed_plugin.zero3_init_flag
+        shards = trainer.accelerator.num_processes if sharded else 1
+        check_junior_fits(path, weight_bytes, free_bytes, device, copies / shards)
+    return load_frozen(path, dtype=trainer.model.dtype, device=device)
+
+
+def prepare_frozen(trainer, model, fused_head: bool = False):
+    """``model`` prepared for the trainer's accelerator as TRL prepares its reference model (DeepSpeed, FSDP with
+    rank 0's weights broadcast first, or plain); ``fused_head`` adds TRL's fused LM head (for a reference model)."""
+    from trl.models import prepare_deepspeed, prepare_fsdp
+    from trl.trainer.utils import add_fused_lm_head
+
+    if fused_head:
+        add_fused_lm_head(
+            model, temperature=trainer.temperature, cast_lm_head_to_fp32=trainer.args.cast_lm_head_to_fp32
+        )
+    if trainer.is_deepspeed_enabled:
+        return prepare_deepspeed(model, trainer.accelerator)
+    if trainer.is_fsdp_enabled:
+        # Rank 0's weights on every rank before sharding (zeros elsewhere under cpu_ram_efficient_loading).
+        broadcast_weights(model)
+        return prepare_fsdp(model, trainer.accelerator)
+    return trainer.accelerator.prepare_model(model, evaluation_mode=True)
+
+
+def is_zero3(trainer) -> bool:
+    """Whether a transformers ``Trainer`` runs under DeepSpeed ZeRO-3."""
+    return trainer.is_deepspeed_enabled and trainer.accelerator.state.deepspeed_plugin.zero_stage == 3

@@ -32,7 +32,7 @@ def derive_seed(base: int, *parts: object) -> int:
 
     The seed is BLAKE2b (8 bytes) of ``repr((int(base), *parts))``: a pure function of its arguments, so nearby
     coordinates give unrelated seeds and two coordinate tuples never collide by arithmetic (as ``seed + step`` would).
-    Training's streams (``tandem_grpo.trainer.rollout_seed``) and every evaluation draw use it.
+    Training's streams ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]) and every evaluation draw use it.
 
     Args:
         base: the run's seed (any int).
@@ -46,6 +46,49 @@ def derive_seed(base: int, *parts: object) -> int:
     parts = tuple(int(p) if isinstance(p, numbers.Integral) and not isinstance(p, bool) else p for p in parts)
     text = repr((int(base), *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
+
+
+_STREAMS = ("coins", "tokens")
+_MODES = ("train", "eval")
+COIN_SEED_MASK = 0x7FFFFFFF
+"""Coin seeds keep the low 31 bits of a seed: a non-negative int32 on every backend."""
+
+
+def rollout_seed(
+    run_seed: int,
+    stream: str,
+    mode: str,
+    global_step: int,
+    process_index: int,
+    call_index: int,
+    position: int = 0,
+) -> int:
+    """The seed of one random stream of a training or evaluation rollout, a pure function of where it sits in the run.
+
+    It depends on these coordinates alone (not on how many rollouts this process generated before), so a run resumed
+    from a checkpoint draws what the uninterrupted run drew:
+
+    - ``run_seed``: ``TrainingArguments.seed``;
+    - ``stream``: ``"coins"`` (a completion's handoff coins) or ``"tokens"`` (the token draws of a generation call);
+    - ``mode``: ``"train"`` or ``"eval"``, so that evaluation never shifts the training streams;
+    - ``global_step``: optimizer steps completed when the rollout is generated (the rollout of step ``k`` is drawn
+      at ``global_step = k - 1``);
+    - ``process_index``: the accelerate process (rank), so ranks draw different coins and tokens;
+    - ``call_index``: the generation call within the step and mode (several when ``steps_per_generation *
+      num_iterations < gradient_accumulation_steps``, or one per batch in evaluation);
+    - ``position``: the completion's row in this process's generation batch (``0`` for the token stream).
+
+    Returns:
+        [`derive_seed`][tandem_grpo.sampling.derive_seed] of ``(run_seed, "rollout", *coordinates)``: an int in
+        ``[0, 2**63)``; coin seeds keep its low 31 bits (``COIN_SEED_MASK``).
+
+    Raises:
+        ValueError: an unknown ``stream`` or ``mode``.
+    """
+    if stream not in _STREAMS or mode not in _MODES:
+        raise ValueError(f"stream must be one of {_STREAMS} and mode one of {_MODES}; got {stream!r}, {mode!r}.")
+    coordinates = (stream, mode, int(global_step), int(process_index), int(call_index), int(position))
+    return derive_seed(run_seed, "rollout", *coordinates)
 
 
 @dataclass(frozen=True)

@@ -74,7 +74,7 @@ def _junior_too_big(tmp):
         build_tiny_tokenizer().save_pretrained(tmp / name)
     args = TandemGRPOConfig(output_dir=str(tmp / "out"), report_to=[], junior_model_name_or_path=str(tmp / "junior"),
                             per_device_train_batch_size=4, num_generations=4)  # fmt: skip
-    with mock.patch("tandem_grpo.trainer.free_memory_bytes", return_value=1024):
+    with mock.patch("tandem_grpo.junior.free_memory_bytes", return_value=1024):
         TandemGRPOTrainer(model=str(tmp / "senior"), reward_funcs=lambda completions, **k: [0.0] * len(completions),
                           args=args, train_dataset=Dataset.from_dict({"prompt": ["a"] * 4}))  # fmt: skip
 

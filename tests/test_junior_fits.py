@@ -52,7 +52,7 @@ def test_free_memory_of_the_cpu_is_the_available_system_memory():
 
 
 def test_the_trainer_checks_before_loading_the_junior(tmp_path, tiny_model_dirs, tiny_tokenizer, monkeypatch):
-    import tandem_grpo.trainer as trainer_module
+    import tandem_grpo.junior as junior_module
     from tandem_grpo import TandemGRPOTrainer
 
     senior, junior = tiny_model_dirs
@@ -65,8 +65,8 @@ def test_the_trainer_checks_before_loading_the_junior(tmp_path, tiny_model_dirs,
     def no_loading(*args, **kwargs):
         raise AssertionError("the junior's weights were loaded before the size check")
 
-    monkeypatch.setattr(trainer_module, "free_memory_bytes", tiny_free_memory)
-    monkeypatch.setattr(trainer_module, "load_frozen", no_loading)
+    monkeypatch.setattr(junior_module, "free_memory_bytes", tiny_free_memory)
+    monkeypatch.setattr(junior_module, "load_frozen", no_loading)
     args = tiny_tandem_config(tmp_path, junior_model_name_or_path=junior)
     with pytest.raises(ValueError, match=rf"junior `{re.escape(junior)}` does not fit.*0\.00 GiB free"):
         TandemGRPOTrainer(model=senior, reward_funcs=lambda completions, **k: [0.0] * len(completions), args=args,
