@@ -300,7 +300,12 @@ def boundary_mask(state: HandoffState, tables: BoundaryTables, rule: HandoffRule
 
 
 def mixture_logprobs(
-    senior_logprobs: torch.Tensor, junior_logprobs: torch.Tensor, state: HandoffState, boundary: torch.Tensor
+    senior_logprobs: torch.Tensor,
+    junior_logprobs: torch.Tensor,
+    state: HandoffState,
+    boundary: torch.Tensor,
+    *,
+    rows: Literal["detect", "masked", "none"] = "detect",
 ) -> torch.Tensor:
     """Log-probabilities of the tandem mixture ``P`` (module docstring) for the current position.
 
@@ -313,22 +318,35 @@ def mixture_logprobs(
         junior_logprobs: float ``[B, V]``, normalized log-probabilities of the junior after the same transforms.
         state: the rule state before this position.
         boundary: bool ``[B, V]`` from ``boundary_mask``.
+        rows: how the rows reshaped on ``B`` ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]) are found.
+            ``"detect"`` (default): checked for NaN and selected on the host (host syncs), the work done on those rows
+            alone. ``"masked"``: no host sync and no NaN check (the caller checks,
+            [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]); the reshaping is computed on every row and
+            selected per row. ``"none"``: the caller knows no row is reshaped (``"after_boundary"``: ``B`` is empty
+            or every token), no host sync and no NaN check. Each row's value is the same formula in every mode.
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
 
     Raises:
-        FloatingPointError: either model's log-probabilities hold NaN (NaN or ``+inf`` logits), naming the model.
+        FloatingPointError: either model's log-probabilities hold NaN (NaN or ``+inf`` logits), naming the model
+            (``rows="detect"`` only).
     """
-    require_finite_logprobs(senior_logprobs, "senior")
-    require_finite_logprobs(junior_logprobs, "junior")
+    if rows == "detect":
+        require_finite_logprobs(senior_logprobs, "senior")
+        require_finite_logprobs(junior_logprobs, "junior")
     # Where B is every token, P = p_n: the next owner writes from its own distribution (every coin position of
     # "after_boundary", forced decisions of "whole_unit"). Selected, not computed through the formula below, so that
     # a self-paired tandem draws from exactly the senior's numbers.
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
+    if rows == "none":
+        return o_lp
     switching = handoff_rows(state, boundary)
+    if rows == "masked":
+        n_lp = torch.where((state.next_owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
+        return torch.where(switching.unsqueeze(1), _reshape_on_boundary(o_lp, n_lp, boundary), o_lp)
     if not bool(switching.any()):
         return o_lp
     # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below
@@ -337,12 +355,33 @@ def mixture_logprobs(
     o_sw = o_lp.index_select(0, rows)
     n_is_senior = (state.next_owner.index_select(0, rows) == SENIOR).unsqueeze(1)
     n_sw = torch.where(n_is_senior, senior_logprobs.index_select(0, rows), junior_logprobs.index_select(0, rows))
-    b_sw = boundary.index_select(0, rows)
+    return o_lp.index_copy(0, rows, _reshape_on_boundary(o_sw, n_sw, boundary.index_select(0, rows)))
+
+
+def _reshape_on_boundary(o_lp: torch.Tensor, n_lp: torch.Tensor, boundary: torch.Tensor) -> torch.Tensor:
+    """``log P`` of a switching row: ``log p_o`` off ``B``, ``log p_o(B) + log p_n(x) - log p_n(B)`` on ``B``."""
     neg_inf = torch.tensor(float("-inf"), dtype=o_lp.dtype, device=o_lp.device)
-    o_mass_b = torch.logsumexp(torch.where(b_sw, o_sw, neg_inf), dim=-1, keepdim=True)
-    n_in_b = torch.where(b_sw, n_sw, neg_inf)
+    o_mass_b = torch.logsumexp(torch.where(boundary, o_lp, neg_inf), dim=-1, keepdim=True)
+    n_in_b = torch.where(boundary, n_lp, neg_inf)
     n_given_b = n_in_b - torch.logsumexp(n_in_b, dim=-1, keepdim=True)
-    return o_lp.index_copy(0, rows, torch.where(b_sw, o_mass_b + n_given_b, o_sw))
+    return torch.where(boundary, o_mass_b + n_given_b, o_lp)
+
+
+def nonfinite_flags(senior_logprobs: torch.Tensor, junior_logprobs: torch.Tensor) -> torch.Tensor:
+    """bool ``[2]`` on the inputs' device: whether the senior's, the junior's log-probabilities hold NaN. The
+    device-side form of the check ``mixture_logprobs(..., rows="detect")`` makes on the host; a caller that must not
+    synchronize accumulates these and raises with [`raise_nonfinite`][tandem_grpo.handoff.raise_nonfinite] later."""
+    return torch.stack([torch.isnan(senior_logprobs).any(), torch.isnan(junior_logprobs).any()])
+
+
+def raise_nonfinite(flags: torch.Tensor) -> None:
+    """Raise ``FloatingPointError`` (as ``mixture_logprobs`` does) if ``flags`` (from ``nonfinite_flags``, possibly
+    OR-ed over steps) says a model's log-probabilities held NaN. One host sync."""
+    senior_bad, junior_bad = flags.tolist()
+    if senior_bad:
+        require_finite_logprobs(torch.tensor([float("nan")]), "senior")
+    if junior_bad:
+        require_finite_logprobs(torch.tensor([float("nan")]), "junior")
 
 
 def handoff_rows(state: HandoffState, boundary: torch.Tensor) -> torch.Tensor:

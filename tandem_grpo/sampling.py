@@ -160,6 +160,18 @@ def _per_row(value: float | int | torch.Tensor, rows: int, like: torch.Tensor, d
     return torch.broadcast_to(torch.as_tensor(value, device=like.device).to(dtype), (rows,))
 
 
+def _is_number(value) -> bool:
+    return not isinstance(value, torch.Tensor)
+
+
+def _on(value, active) -> bool:
+    """Whether a truncation setting acts on some row: decided on the host for a Python number (no sync), on the
+    device for a per-row tensor (one sync)."""
+    if _is_number(value):
+        return bool(active(value))
+    return bool(active(value).any())
+
+
 def truncate_logprobs(
     logprobs: torch.Tensor,
     top_k: int | torch.Tensor = 0,
@@ -185,24 +197,25 @@ def truncate_logprobs(
     """
     rows, width = logprobs.shape
     out = logprobs
-    k = _per_row(top_k, rows, out, torch.long)
-    use_k = (k > 0) & (k < width)
-    if bool(use_k.any()):
-        largest = out.topk(int(k[use_k].max()), dim=-1).values
+    # A setting given as a Python number is known on the host: no device round trip to learn whether it is on.
+    if _on(top_k, lambda k: (k > 0) & (k < width)):
+        k = _per_row(top_k, rows, out, torch.long)
+        use_k = (k > 0) & (k < width)
+        largest = out.topk(int(top_k) if _is_number(top_k) else int(k[use_k].max()), dim=-1).values
         kth = largest.gather(1, (k.clamp(1, largest.shape[-1]) - 1).unsqueeze(1))
         out = out.masked_fill(use_k.unsqueeze(1) & (out < kth), float("-inf"))
-    p = _per_row(top_p, rows, out, out.dtype)
-    use_p = p < 1.0
-    if bool(use_p.any()):
+    if _on(top_p, lambda p: p < 1.0):
+        p = _per_row(top_p, rows, out, out.dtype)
+        use_p = p < 1.0
         ascending, order = out.sort(dim=-1)
         mass_below = ascending.softmax(dim=-1).cumsum(dim=-1)
         drop = mass_below <= (1.0 - p).unsqueeze(1)
         drop[:, -1] = False
         drop = drop.scatter(1, order, drop)
         out = out.masked_fill(use_p.unsqueeze(1) & drop, float("-inf"))
-    m = _per_row(min_p, rows, out, out.dtype)
-    use_m = m > 0.0
-    if bool(use_m.any()):
+    if _on(min_p, lambda m: m > 0.0):
+        m = _per_row(min_p, rows, out, out.dtype)
+        use_m = m > 0.0
         # The ratio to the most likely token does not depend on normalization, so no softmax is needed here.
         threshold = out.amax(dim=-1, keepdim=True) + torch.log(m.clamp(min=1e-30)).unsqueeze(1)
         out = out.masked_fill(use_m.unsqueeze(1) & (out < threshold), float("-inf"))

@@ -23,6 +23,7 @@ from tandem_grpo.handoff import (  # noqa: E402
     HandoffRule,
     advance,
     boundary_mask,
+    handoff_rows,
     init_state,
     mixture_logprobs,
 )
@@ -56,15 +57,16 @@ def _penalize(logits, prompt, outputs, repetition):
     return logits[0]
 
 
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
 @pytest.mark.parametrize("granularity", ["word", "sentence", "token"])
-def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity):
+def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity, mode):
     vocab = len(tiny_tokenizer)
     tables = BoundaryTables.from_tokenizer(tiny_tokenizer, vocab, [1])
     processor = _processor(tables)
-    rule = HandoffRule(granularity, 0.5, 3)
+    rule = HandoffRule(granularity, 0.5, 3, mode)
     temperature, repetition = 0.7, 1.3
     seeds = [11, 12, 13]
-    uids = [f"u-{granularity}-{s}" for s in seeds]
+    uids = [f"u-{granularity}-{mode}-{s}" for s in seeds]
     prompts = [[2, 3], [4], [5, 6, 7]]
     outputs: list[list[int]] = [[], [], []]
     params = [
@@ -87,6 +89,7 @@ def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity):
     state = init_state(torch.tensor(seeds), rule)
     authors: list[list[int]] = [[], [], []]
     generator = torch.Generator().manual_seed(0)
+    handoffs = 0
     for step in range(10):
         if step == 5:  # rows 0 and 3 swap places in the persistent batch
             processor.update_state(
@@ -117,8 +120,18 @@ def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity):
         for k, (tok, a) in enumerate(zip(tokens.tolist(), author.tolist(), strict=True)):
             outputs[k].append(tok)
             authors[k].append(a)
-            if a == 1:  # the senior's own log-prob = vLLM's (mixture) log-prob + the processor's correction
-                record = processor.rows[order[k]].record
+            record = processor.record(order[k])
+            if mode == "whole_unit":  # the records against their definition (module docstring)
+                b = boundary_mask(state, tables, rule)[k]
+                switching = bool(handoff_rows(state, boundary_mask(state, tables, rule))[k])
+                to_senior = int(state.next_owner[k]) == 1
+                want_c = -torch.logsumexp(junior_lp[k][b], 0).item() if switching and to_senior else 0.0
+                want_h = torch.logsumexp(senior_lp[k][b], 0).item() if switching and not to_senior else None
+                assert record.corrections[step] == pytest.approx(want_c, abs=1e-5)
+                got_h = record.handovers[step]
+                assert (want_h is None and got_h != got_h) or got_h == pytest.approx(want_h, abs=1e-5)
+                handoffs += int(switching)
+            elif a == 1:  # the senior's own log-prob = vLLM's (mixture) log-prob + the processor's correction
                 senior_own = senior_lp[k, tok].item()
                 assert senior_own == pytest.approx(expected[k, tok].item() + record.corrections[step], abs=1e-4)
         state = new_state
@@ -128,6 +141,8 @@ def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity):
         assert records[uid]["authors"] == authors[k][:-1]  # the last token is never advanced over
         assert len(records[uid]["corrections"]) == 10
     assert pop_records(uids) == {uid: None for uid in uids}
+    if mode == "whole_unit" and granularity == "word":
+        assert handoffs > 0, "the steps must reach handoffs within B"
 
 
 def test_processor_resumes_a_preempted_request(tiny_tokenizer):
@@ -152,7 +167,7 @@ def test_processor_resumes_a_preempted_request(tiny_tokenizer):
             )
         put_junior_logits(torch.randn(1, vocab, generator=generator))
         out = processor.apply(torch.randn(1, vocab, generator=generator))
-        assert int(processor.rows[0].record.unit_index) == int(state.unit_index[0])
+        assert processor.record(0).unit_index == int(state.unit_index[0])
         token = torch.multinomial(torch.softmax(out, dim=-1), 1, generator=generator).squeeze(1)
         state, _, _ = advance(state, token, tables, rule)
         tokens_so_far.append(int(token))
@@ -241,7 +256,7 @@ def test_async_scheduling_placeholder_is_refused(tiny_tokenizer):
     put_junior_logits(torch.randn(1, vocab))
     with pytest.raises(RuntimeError, match="async scheduling is on.*async_scheduling=False"):
         processor.apply(torch.randn(1, vocab))
-    assert processor.rows[0].record.position == 0  # nothing was advanced over the placeholder
+    assert processor.record(0).position == 0  # nothing was advanced over the placeholder
     pop_records(["async"])
 
 
@@ -253,3 +268,83 @@ def test_tandem_requests_keep_vllms_own_truncation_off():
             TandemLogitsProcessor.validate_params(SamplingParams(**field, extra_args=extra))
     with pytest.raises(ValueError, match="top_p=1.5"):
         TandemLogitsProcessor.validate_params(SamplingParams(extra_args={**extra, "tandem_top_p": 1.5}))
+
+
+def _steady_batch(tables: BoundaryTables, rows: int, mode: str):
+    """A processor with ``rows`` tandem requests after a few steps, each with one new token to advance over."""
+    vocab = tables.vocab_size
+    processor = _processor(tables)
+    rule = HandoffRule("word", 0.5, 4, mode)
+    outputs: list[list[int]] = [[] for _ in range(rows)]
+    uids = [f"steady-{mode}-{rows}-{k}" for k in range(rows)]
+    added = [
+        (k, SamplingParams(temperature=0.8, extra_args=tandem_extra_args(k, uids[k], rule)), [2, 3], outputs[k])
+        for k in range(rows)
+    ]
+    processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))
+    generator = torch.Generator().manual_seed(rows)
+
+    def step() -> None:
+        put_junior_logits(torch.randn(rows, vocab, generator=generator))
+        out = processor.apply(torch.randn(rows, vocab, generator=generator))
+        for k, token in enumerate(torch.multinomial(out.softmax(-1), 1, generator=generator).squeeze(1).tolist()):
+            outputs[k].append(token)
+
+    for _ in range(4):
+        step()
+    put_junior_logits(torch.randn(rows, vocab, generator=generator))
+    return processor, torch.randn(rows, vocab, generator=generator), uids
+
+
+_SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
+
+
+def _count_apply(processor, logits, monkeypatch) -> tuple[int, int]:
+    """(host syncs, Python lines executed) during one ``apply``."""
+    import sys
+
+    syncs = [0]
+    for name in _SYNCS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            syncs[0] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    lines = [0]
+
+    def tracer(frame, event, arg):
+        if event == "line":
+            lines[0] += 1
+        return tracer
+
+    sys.settrace(tracer)
+    try:
+        processor.apply(logits)
+    finally:
+        sys.settrace(None)
+    monkeypatch.undo()
+    return syncs[0], lines[0]
+
+
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_apply_has_no_host_sync_and_no_per_request_loop(tiny_tokenizer, monkeypatch, mode):
+    """A plain step (batch unchanged, one new token per request) reads nothing back from the device, and the Python it
+    runs does not grow with the number of requests."""
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(tiny_tokenizer), [1])
+    counts = {}
+    for rows in (3, 24):
+        processor, logits, uids = _steady_batch(tables, rows, mode)
+        counts[rows] = _count_apply(processor, logits, monkeypatch)
+        pop_records(uids)
+    assert counts[3][0] == counts[24][0] == 0, counts
+    assert counts[3][1] == counts[24][1], counts
+
+    # The counters see what they are meant to: a sync and a per-row loop.
+    probe = torch.zeros(3)
+    monkeypatch.setattr(TandemLogitsProcessor, "apply", lambda self, x: [bool(v > 0) for v in x.sum(-1)])
+    syncs_3, lines_3 = _count_apply(processor, probe.unsqueeze(1).expand(3, 2), monkeypatch)
+    assert syncs_3 == 3
+    monkeypatch.setattr(TandemLogitsProcessor, "apply", lambda self, x: [bool(v > 0) for v in x.sum(-1)])
+    assert _count_apply(processor, torch.zeros(5, 2), monkeypatch)[1] > lines_3

@@ -55,9 +55,13 @@ from __future__ import annotations
 
 import math
 import threading
+import weakref
 from collections import OrderedDict
 from dataclasses import dataclass, field
+from itertools import compress
+from operator import itemgetter
 
+import numpy as np
 import torch
 from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
@@ -73,6 +77,8 @@ from ..handoff import (
     handoff_rows,
     init_state,
     mixture_logprobs,
+    nonfinite_flags,
+    raise_nonfinite,
     validate_rule_fields,
 )
 from ..sampling import SamplingSettings, truncate_logprobs
@@ -151,8 +157,14 @@ def sampling_from_params(params: SamplingParams) -> SamplingSettings:
 
 @dataclass
 class _Record:
-    """Rule state and side records of one request (by uid); survives the request leaving the batch."""
+    """Rule state and side records of one request (by uid), on the host; survives the request leaving the batch.
 
+    While the request is in a processor's batch its state and records live in that processor's tensors and this
+    copy is stale; it is brought up to date (in one batch per call) when the request leaves the batch, when its
+    records are popped, and by [`record`][tandem_grpo.vllm.processor.TandemLogitsProcessor.record].
+    """
+
+    uid: str
     seed: int
     rule: HandoffRule
     prompt_len: int
@@ -167,7 +179,7 @@ class _Record:
     handovers: list[float] = field(default_factory=list)
 
 
-@dataclass
+@dataclass(eq=False)
 class _Row:
     record: _Record
     prefix: list[int]  # completion tokens vLLM moved into the prompt when it resumed a preempted request
@@ -176,9 +188,7 @@ class _Row:
     sampling: SamplingSettings
     frequency_penalty: float
     presence_penalty: float
-
-    def num_tokens(self) -> int:
-        return len(self.prefix) + len(self.outputs)
+    slot: int = -1  # row of the processor's state tensors; -1 until the batch is rebuilt with it
 
     def token(self, position: int) -> int:
         return self.prefix[position] if position < len(self.prefix) else self.outputs[position - len(self.prefix)]
@@ -187,16 +197,41 @@ class _Row:
         return self.sampling.repetition_penalty != 1.0 or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0
 
 
+@dataclass
+class _Group:
+    """The tandem rows of one rule, fixed until the batch changes."""
+
+    rule: HandoffRule
+    slots: torch.Tensor | slice  # rows of the state tensors (a slice when the group is every tandem row)
+    batch_index: torch.Tensor  # rows of the logits
+    temperature: torch.Tensor  # [g, 1]
+    top_k: int | torch.Tensor  # a number where every row of the group has the same setting (no host sync)
+    top_p: float | torch.Tensor
+    min_p: float | torch.Tensor
+    penalized: list[_Row] | None  # the group's rows, where some carry penalties
+
+
 _RECORDS: OrderedDict[str, _Record] = OrderedDict()
-_LOCK = threading.Lock()
+_LOCK = threading.RLock()
+_PROCESSORS: weakref.WeakSet[TandemLogitsProcessor] = weakref.WeakSet()
+_STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
 
 
 def pop_records(uids: list[str]) -> dict[str, dict]:
     """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections": [...],
     "handovers": [...]}}``. ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all
     but the last token of a finished completion); ``corrections[t]`` and ``handovers[t]`` (``None`` for no handover)
-    of position ``t`` (module docstring). Unknown uids map to ``None``."""
+    of position ``t`` (module docstring). Unknown uids map to ``None``.
+
+    Records of requests still in a batch are first copied out of the processors' tensors (one batch per processor).
+
+    Raises:
+        FloatingPointError: a model's logits were not finite in a step since the last check.
+    """
     with _LOCK:
+        wanted = set(uids)
+        for processor in list(_PROCESSORS):
+            processor._sync(lambda row: row.record.uid in wanted)
         out: dict[str, dict | None] = {}
         for uid in uids:
             record = _RECORDS.pop(uid, None)
@@ -213,47 +248,16 @@ def pop_records(uids: list[str]) -> dict[str, dict]:
         return out
 
 
-def _state(records: list[_Record], device: torch.device) -> HandoffState:
-    def col(values, dtype=torch.long):
-        return torch.tensor(values, dtype=dtype, device=device)
-
-    return HandoffState(
-        owner=col([r.owner for r in records]),
-        next_owner=col([r.next_owner for r in records]),
-        unit_length=col([r.unit_length for r in records]),
-        unit_index=col([r.unit_index for r in records]),
-        after_boundary=col([r.after_boundary for r in records], torch.bool),
-        seeds=col([r.seed for r in records]),
-    )
+def _store(record: _Record, state: HandoffState) -> None:
+    """Copy row 0 of ``state`` into ``record`` (host sync; a request's first arrival only)."""
+    values = torch.stack([getattr(state, name).long() for name in _STATE_FIELDS]).tolist()
+    record.owner, record.next_owner, record.unit_length, record.unit_index, after = (v[0] for v in values)
+    record.after_boundary = bool(after)
 
 
-def _store(records: list[_Record], state: HandoffState) -> None:
-    fields = zip(
-        state.owner.tolist(),
-        state.next_owner.tolist(),
-        state.unit_length.tolist(),
-        state.unit_index.tolist(),
-        state.after_boundary.tolist(),
-        strict=True,
-    )
-    for record, (owner, next_owner, unit_length, unit_index, sentence) in zip(records, fields, strict=True):
-        record.owner, record.next_owner = owner, next_owner
-        record.unit_length, record.unit_index, record.after_boundary = unit_length, unit_index, sentence
-
-
-def _group_by_rule(rows: list[tuple[int, _Row]]) -> dict[HandoffRule, list[tuple[int, _Row]]]:
-    groups: dict[HandoffRule, list[tuple[int, _Row]]] = {}
-    for item in rows:
-        groups.setdefault(item[1].record.rule, []).append(item)
-    return groups
-
-
-def _put(values: list[float], position: int, value: float, missing: float) -> None:
-    """``values[position] = value``, filling skipped positions with ``missing``; a re-sampled position (e.g. after a
-    partial prefill) is overwritten."""
-    if len(values) <= position:
-        values.extend([missing] * (position + 1 - len(values)))
-    values[position] = value
+def _uniform(values: list, dtype: torch.dtype, device: torch.device):
+    """One Python number when every row has the same value, else a per-row tensor."""
+    return values[0] if len(set(values)) == 1 else torch.tensor(values, dtype=dtype, device=device)
 
 
 class TandemLogitsProcessor(LogitsProcessor):
@@ -261,6 +265,14 @@ class TandemLogitsProcessor(LogitsProcessor):
 
     Constructed by vLLM in every worker: ``(vllm_config, device, is_pin_memory)``. Inactive (a no-op) on engines
     whose model is not ``TandemForCausalLM``.
+
+    The rule state of the tandem rows lives in tensors on ``device`` (one row per tandem request, in batch order),
+    and so do the side records (authors, corrections, handovers per position). Python work per request happens only
+    when the batch changes ([`update_state`][tandem_grpo.vllm.processor.TandemLogitsProcessor.update_state]: rows
+    gathered into the new order, records of departed requests copied out in one batch) and on rare steps (a resumed
+    request catching up over several tokens, penalties). A plain step reads the lengths of vLLM's output lists and
+    their last tokens on the host (vLLM's V1 runner keeps token history only there), copies those to the device and
+    does the rest there: no host sync.
 
     Args:
         vllm_config: the engine's config; its model's architecture decides whether the processor is active.
@@ -275,6 +287,20 @@ class TandemLogitsProcessor(LogitsProcessor):
         self.device = device
         self.rows: dict[int, _Row] = {}
         self._tables: dict[int, tuple[BoundaryTables, BoundaryTables]] = {}  # by logits width
+        self._live: list[_Row] = []  # the tandem rows in batch order; row.slot indexes the tensors below
+        self._outputs: list[list[int]] = []
+        self._batch_rows = np.zeros(0, dtype=np.int64)
+        self._prefix_len = np.zeros(0, dtype=np.int64)
+        self._position = np.zeros(0, dtype=np.int64)  # completion tokens advanced over, per slot
+        self._written = np.zeros(0, dtype=np.int64)  # length of the correction/handover records, per slot
+        self._groups: list[_Group] = []
+        self._state = torch.zeros(0, len(_STATE_FIELDS), dtype=torch.long, device=device)
+        self._seeds = torch.zeros(0, dtype=torch.long, device=device)
+        self._authors = torch.zeros(0, 0, dtype=torch.int8, device=device)
+        self._corrections = torch.zeros(0, 0, dtype=torch.float32, device=device)
+        self._handovers = torch.zeros(0, 0, dtype=torch.float32, device=device)
+        self._nonfinite = torch.zeros(2, dtype=torch.bool, device=device)
+        _PROCESSORS.add(self)
 
     # --- vLLM interface -------------------------------------------------------------------------------------------
 
@@ -336,14 +362,21 @@ class TandemLogitsProcessor(LogitsProcessor):
         return True
 
     def update_state(self, batch_update: BatchUpdate | None) -> None:
-        if self.enabled:
-            process_dict_updates(self.rows, batch_update, self._new_row)
+        """Per-batch bookkeeping, only when the batch changed: the tensors are rebuilt in the new row order and the
+        records of requests that left are copied out.
+
+        Raises:
+            FloatingPointError: a model's logits were not finite in a step since the last check.
+        """
+        if self.enabled and process_dict_updates(self.rows, batch_update, self._new_row):
+            with _LOCK:
+                self._rebuild()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
         junior_logits = take_junior_logits() if self.enabled else None
         if not self.rows:
             return logits
-        tables, cpu_tables = self._boundary_tables(logits.shape[-1], logits.device)
+        tables, _ = self._boundary_tables(logits.shape[-1], logits.device)
         if (
             junior_logits is None
             or junior_logits.shape[0] != logits.shape[0]
@@ -355,11 +388,20 @@ class TandemLogitsProcessor(LogitsProcessor):
                 f"{tables.vocab_size} columns; got {got}): the engine must run {ARCHITECTURE} with the V1 model "
                 "runner and no speculative decoding."
             )
-        items = sorted(self.rows.items())
-        self._catch_up(items, cpu_tables)
-        for rule, members in _group_by_rule(items).items():
-            self._mix(logits, junior_logits, tables, rule, members)
+        num_tokens = self._prefix_len + np.fromiter(map(len, self._outputs), dtype=np.int64, count=len(self._live))
+        self._reserve(int(num_tokens.max()) + 1)
+        self._catch_up(num_tokens, tables)
+        for group in self._groups:
+            self._mix(logits, junior_logits, tables, group, num_tokens)
+        np.maximum(self._written, num_tokens + 1, out=self._written)
         return logits
+
+    def record(self, batch_row: int) -> _Record:
+        """The up-to-date record of the tandem request in ``batch_row`` (host sync; for tests and debugging)."""
+        row = self.rows[batch_row]
+        with _LOCK:
+            self._sync(lambda r: r is row)
+        return row.record
 
     # --- internals ------------------------------------------------------------------------------------------------
 
@@ -373,9 +415,8 @@ class TandemLogitsProcessor(LogitsProcessor):
             if record is None:
                 rule = rule_from_extra_args(extra)
                 seed = int(extra[SEED_KEY])
-                initial = init_state(torch.tensor([seed]), rule)
-                record = _Record(seed=seed, rule=rule, prompt_len=len(prompt or []), owner=0, next_owner=0)
-                _store([record], initial)
+                record = _Record(uid=uid, seed=seed, rule=rule, prompt_len=len(prompt or []), owner=0, next_owner=0)
+                _store(record, init_state(torch.tensor([seed]), rule))
                 _RECORDS[uid] = record
                 while len(_RECORDS) > MAX_RECORDS:
                     _RECORDS.popitem(last=False)
@@ -391,6 +432,120 @@ class TandemLogitsProcessor(LogitsProcessor):
             frequency_penalty=float(params.frequency_penalty),
             presence_penalty=float(params.presence_penalty),
         )
+
+    def _sync(self, which) -> None:
+        """Copy the state and records of the live rows ``which(row)`` selects from the tensors into their
+        ``_Record`` (one host transfer per tensor), after checking the deferred non-finite flags."""
+        raise_nonfinite(self._nonfinite)
+        rows = [row for row in self._live if which(row)]
+        if not rows:
+            return
+        slots = torch.tensor([row.slot for row in rows], dtype=torch.long, device=self.device)
+        state = self._state.index_select(0, slots).tolist()
+        authors = self._authors.index_select(0, slots).tolist()
+        corrections = self._corrections.index_select(0, slots).tolist()
+        handovers = self._handovers.index_select(0, slots).tolist()
+        for k, row in enumerate(rows):
+            record = row.record
+            owner, next_owner, unit_length, unit_index, after = state[k]
+            record.owner, record.next_owner, record.unit_length, record.unit_index = (
+                owner, next_owner, unit_length, unit_index
+            )  # fmt: skip
+            record.after_boundary = bool(after)
+            record.position = int(self._position[row.slot])
+            written = int(self._written[row.slot])
+            record.authors = authors[k][: record.position]
+            record.corrections = corrections[k][:written]
+            record.handovers = handovers[k][:written]
+
+    def _rebuild(self) -> None:
+        """Lay the tensors out for the batch in ``self.rows``: rows that stay are gathered from the old tensors,
+        new rows loaded from their records, departed rows' records copied out first."""
+        live = [row for _, row in sorted(self.rows.items())]
+        staying = {id(row) for row in live}
+        self._sync(lambda row: id(row) not in staying)
+        old = len(self._live)
+        new_rows = [row for row in live if row.slot < 0 or id(row) not in {id(r) for r in self._live}]
+        width = max([self._authors.shape[1], 16] + [len(r.record.corrections) + 1 for r in new_rows])
+        self._reserve(width)
+        width = self._authors.shape[1]
+
+        def padded(values: list, fill, dtype) -> torch.Tensor:
+            out = torch.full((len(new_rows), width), fill, dtype=dtype)
+            for k, v in enumerate(values):
+                out[k, : len(v)] = torch.tensor(v, dtype=dtype)
+            return out.to(self.device)
+
+        fresh = {id(row): old + k for k, row in enumerate(new_rows)}
+        source = torch.tensor([fresh.get(id(row), row.slot) for row in live], dtype=torch.long, device=self.device)
+        records = [row.record for row in new_rows]
+        new_state = torch.tensor(
+            [[getattr(r, name) for name in _STATE_FIELDS] for r in records], dtype=torch.long
+        ).reshape(len(records), len(_STATE_FIELDS))
+        self._state = torch.cat([self._state, new_state.to(self.device)]).index_select(0, source)
+        seeds = torch.tensor([r.seed for r in records], dtype=torch.long, device=self.device)
+        self._seeds = torch.cat([self._seeds, seeds]).index_select(0, source)
+        self._authors = torch.cat([self._authors, padded([r.authors for r in records], 0, torch.int8)]).index_select(
+            0, source
+        )
+        self._corrections = torch.cat(
+            [self._corrections, padded([r.corrections for r in records], 0.0, torch.float32)]
+        ).index_select(0, source)
+        self._handovers = torch.cat(
+            [self._handovers, padded([r.handovers for r in records], math.nan, torch.float32)]
+        ).index_select(0, source)
+        position = np.concatenate([self._position, [r.position for r in records]]).astype(np.int64)
+        written = np.concatenate([self._written, [len(r.corrections) for r in records]]).astype(np.int64)
+        source_np = source.cpu().numpy()
+        self._position, self._written = position[source_np], written[source_np]
+        for slot, row in enumerate(live):
+            row.slot = slot
+        self._live = live
+        self._outputs = [row.outputs for row in live]
+        self._batch_rows = np.array(sorted(self.rows), dtype=np.int64)
+        self._prefix_len = np.array([len(row.prefix) for row in live], dtype=np.int64)
+        self._groups = self._build_groups()
+
+    def _build_groups(self) -> list[_Group]:
+        by_rule: dict[HandoffRule, list[int]] = {}
+        for slot, row in enumerate(self._live):
+            by_rule.setdefault(row.record.rule, []).append(slot)
+        groups = []
+        device = self.device
+        for rule, slots in by_rule.items():
+            rows = [self._live[s] for s in slots]
+            settings = [row.sampling for row in rows]
+            groups.append(
+                _Group(
+                    rule=rule,
+                    slots=slice(None) if len(by_rule) == 1 else torch.tensor(slots, dtype=torch.long, device=device),
+                    batch_index=torch.tensor(self._batch_rows[slots], dtype=torch.long, device=device),
+                    temperature=torch.tensor(
+                        [s.temperature for s in settings], dtype=torch.float32, device=device
+                    ).unsqueeze(1),
+                    top_k=_uniform([s.top_k for s in settings], torch.long, device),
+                    top_p=_uniform([s.top_p for s in settings], torch.float32, device),
+                    min_p=_uniform([s.min_p for s in settings], torch.float32, device),
+                    penalized=rows if any(row.has_penalties() for row in rows) else None,
+                )
+            )
+        return groups
+
+    def _reserve(self, positions: int) -> None:
+        """Make the record tensors at least ``positions`` columns wide (doubling; rare)."""
+        width = self._authors.shape[1]
+        if positions <= width:
+            return
+        grown = max(positions, 2 * width)
+        extra = grown - width
+        rows = self._authors.shape[0]
+
+        def grow(t: torch.Tensor, fill) -> torch.Tensor:
+            return torch.cat([t, torch.full((rows, extra), fill, dtype=t.dtype, device=t.device)], dim=1)
+
+        self._authors = grow(self._authors, 0)
+        self._corrections = grow(self._corrections, 0.0)
+        self._handovers = grow(self._handovers, math.nan)
 
     def _boundary_tables(self, vocab_size: int, device: torch.device) -> tuple[BoundaryTables, BoundaryTables]:
         """Boundary tables for senior logits ``vocab_size`` wide, on ``device`` and on the CPU (built once)."""
@@ -410,87 +565,109 @@ class TandemLogitsProcessor(LogitsProcessor):
             self._tables[vocab_size] = (tables.to(device), tables)
         return self._tables[vocab_size]
 
-    def _catch_up(self, items: list[tuple[int, _Row]], tables: BoundaryTables) -> None:
-        """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one).
+    def _handoff_state(self, slots: torch.Tensor | slice) -> HandoffState:
+        state = self._state[slots]
+        return HandoffState(
+            owner=state[:, 0],
+            next_owner=state[:, 1],
+            unit_length=state[:, 2],
+            unit_index=state[:, 3],
+            after_boundary=state[:, 4].bool(),
+            seeds=self._seeds[slots],
+        )
+
+    def _catch_up(self, num_tokens: np.ndarray, tables: BoundaryTables) -> None:
+        """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one, the
+        last of its output list: read on the host with no Python loop; a resumed request's several tokens take the
+        slow path).
 
         Raises:
             RuntimeError: a token not sampled yet (vLLM's async-scheduling placeholder ``-1``): the state would be
                 one token behind, so the mixture of this step would use the wrong owner and boundary set.
         """
         while True:
-            pending = [(index, row) for index, row in items if row.record.position < row.num_tokens()]
-            if not pending:
+            pending = num_tokens > self._position
+            if not pending.any():
                 return
-            placeholders = [index for index, row in pending if row.token(row.record.position) < 0]
-            if placeholders:
-                raise RuntimeError(
-                    f"Batch rows {placeholders} hold a placeholder token (-1) where the last sampled token should be: "
-                    "vLLM's async scheduling is on. The tandem logits processor needs every sampled token before the "
-                    "next step; build the engine with tandem_grpo.vllm.engine.engine_kwargs() (it sets "
-                    "async_scheduling=False) or pass --no-async-scheduling to the server."
+            if (num_tokens - self._position).max() == 1 and not (pending & (self._position < self._prefix_len)).any():
+                tokens = np.zeros(len(self._live), dtype=np.int64)
+                tokens[pending] = list(map(itemgetter(-1), compress(self._outputs, pending)))
+            else:  # a resumed request catching up over its prefix: one token per row per round
+                tokens = np.array(
+                    [row.token(int(self._position[s])) if pending[s] else 0 for s, row in enumerate(self._live)],
+                    dtype=np.int64,
                 )
-            for rule, members in _group_by_rule(pending).items():
-                records = [row.record for _, row in members]
-                tokens = torch.tensor([row.token(row.record.position) for _, row in members], dtype=torch.long)
-                state, authors, _ = advance(_state(records, torch.device("cpu")), tokens, tables, rule)
-                _store(records, state)
-                for record, author in zip(records, authors.tolist(), strict=True):
-                    record.authors.append(author)
-                    record.position += 1
+            if (tokens < 0).any():
+                raise RuntimeError(
+                    f"Batch rows {self._batch_rows[tokens < 0].tolist()} hold a placeholder token (-1) where the last "
+                    "sampled token should be: vLLM's async scheduling is on. The tandem logits processor needs every "
+                    "sampled token before the next step; build the engine with "
+                    "tandem_grpo.vllm.engine.engine_kwargs() (it sets async_scheduling=False) or pass "
+                    "--no-async-scheduling to the server."
+                )
+            self._advance(torch.from_numpy(tokens), torch.from_numpy(pending), tables)
+            self._position += pending
+
+    def _advance(self, tokens: torch.Tensor, pending: torch.Tensor, tables: BoundaryTables) -> None:
+        device = self.device
+        tokens = tokens.to(device, non_blocking=True)
+        pending = pending.to(device, non_blocking=True)
+        positions = torch.from_numpy(self._position).to(device, non_blocking=True)
+        for group in self._groups:
+            slots = group.slots
+            state = self._handoff_state(slots)
+            new, authors, _ = advance(state, tokens[slots], tables, group.rule)
+            moved = pending[slots]
+            packed = torch.stack([getattr(new, name).long() for name in _STATE_FIELDS], dim=1)
+            self._state[slots] = torch.where(moved.unsqueeze(1), packed, self._state[slots])
+            rows = torch.arange(len(self._live), device=device)[slots]
+            cols = positions[slots]
+            self._authors[rows, cols] = torch.where(moved, authors.to(torch.int8), self._authors[rows, cols])
 
     def _mix(
         self,
         logits: torch.Tensor,
         junior_logits: torch.Tensor,
         tables: BoundaryTables,
-        rule: HandoffRule,
-        members: list[tuple[int, _Row]],
+        group: _Group,
+        num_tokens: np.ndarray,
     ) -> None:
         device = logits.device
         width = tables.vocab_size
-        index = torch.tensor([i for i, _ in members], dtype=torch.long, device=device)
-        rows = [row for _, row in members]
-        state = _state([row.record for row in rows], device)
+        index = group.batch_index
+        rule = group.rule
+        state = self._handoff_state(group.slots)
         senior_lp = torch.log_softmax(logits.index_select(0, index)[:, :width], dim=-1)
         junior = junior_logits.index_select(0, index)[:, :width].float()
-        if any(row.has_penalties() for row in rows):
-            junior = self._penalize(junior, rows)
-        temperature = torch.tensor([row.sampling.temperature for row in rows], dtype=junior.dtype, device=device)
-        junior_lp = torch.log_softmax(junior / temperature.unsqueeze(1), dim=-1)
+        if group.penalized is not None:
+            junior = self._penalize(junior, group.penalized)
+        junior_lp = torch.log_softmax(junior / group.temperature, dim=-1)
+        self._nonfinite |= nonfinite_flags(senior_lp, junior_lp)
         boundary = boundary_mask(state, tables, rule)
-        mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary)
+        whole_unit = rule.mode == "whole_unit"
+        mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, rows="masked" if whole_unit else "none")
 
-        # Rows where B is a proper subset and the owner may change ("whole_unit" handoffs): there the senior's term
-        # differs from vLLM's log P (module docstring). Full-vocabulary sums on those rows only.
-        switching = handoff_rows(state, boundary)
-        corrections, handovers = [0.0] * len(rows), [math.nan] * len(rows)
-        if bool(switching.any()):
-            sub = switching.nonzero().squeeze(1)
-            b_sub = boundary.index_select(0, sub)
+        if whole_unit:
+            # Rows where B is a proper subset and the owner may change: there the senior's term differs from vLLM's
+            # log P (module docstring). Under "after_boundary" there are none: the records keep their 0 / NaN.
+            switching = handoff_rows(state, boundary)
             neg_inf = torch.tensor(float("-inf"), dtype=senior_lp.dtype, device=device)
-            senior_b = torch.logsumexp(torch.where(b_sub, senior_lp.index_select(0, sub), neg_inf), dim=-1).tolist()
-            junior_b = torch.logsumexp(torch.where(b_sub, junior_lp.index_select(0, sub), neg_inf), dim=-1).tolist()
-            into_senior = (state.next_owner.index_select(0, sub) == SENIOR).tolist()
-            for k, s_b, j_b, to_senior in zip(sub.tolist(), senior_b, junior_b, into_senior, strict=True):
-                if to_senior:
-                    corrections[k] = -j_b if math.isfinite(j_b) else 0.0
-                else:
-                    handovers[k] = s_b
+            senior_b = torch.logsumexp(torch.where(boundary, senior_lp, neg_inf), dim=-1)
+            junior_b = torch.logsumexp(torch.where(boundary, junior_lp, neg_inf), dim=-1)
+            into_senior = switching & (state.next_owner == SENIOR)
+            zero = torch.zeros_like(junior_b)
+            corrections = torch.where(into_senior & torch.isfinite(junior_b), -junior_b, zero)
+            handovers = torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan))
+            rows = torch.arange(len(self._live), device=device)[group.slots]
+            cols = torch.from_numpy(num_tokens).to(device, non_blocking=True)[group.slots]
+            self._corrections[rows, cols] = corrections.float()
+            self._handovers[rows, cols] = handovers.float()
 
-        def column(name: str, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor([getattr(row.sampling, name) for row in rows], dtype=dtype, device=device)
-
-        mixed = truncate_logprobs(
-            mixed, column("top_k", torch.long), column("top_p", mixed.dtype), column("min_p", mixed.dtype)
-        )
+        mixed = truncate_logprobs(mixed, group.top_k, group.top_p, group.min_p)
         # Ids past the tokenizer (embedding padding) keep probability 0 in what vLLM samples from.
-        out = torch.full((len(rows), logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=device)
+        out = torch.full((index.shape[0], logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=device)
         out[:, :width] = mixed.to(logits.dtype)
         logits.index_copy_(0, index, out)
-        for row, correction, handover in zip(rows, corrections, handovers, strict=True):
-            position = row.num_tokens()
-            _put(row.record.corrections, position, correction, 0.0)
-            _put(row.record.handovers, position, handover, math.nan)
 
     @staticmethod
     def _penalize(junior: torch.Tensor, rows: list[_Row]) -> torch.Tensor:
