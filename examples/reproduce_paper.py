@@ -600,7 +600,8 @@ def piece_config(plan: Plan, arm: str, checkpoint: str, output_dir: Path):
     return dataclasses.replace(
         plan.evaluation, checkpoints=[checkpoint], grpo_checkpoint=None, output_dir=str(output_dir),
         measurements=[] if plan.study.pilot and arm != "base" else ["handoff", "legibility"],
-        junior_solo=arm == "base",
+        # The junior-first step schedules continue the junior's own drafts, so they need its solo samples.
+        junior_solo=arm == "base" or "steps" in plan.evaluation.schedules,
     )  # fmt: skip
 
 
@@ -620,6 +621,7 @@ def pilot_verdict(base_results: dict, arm_results: dict, confidence: float = 0.9
     if (len(base["correct_per_problem"]), base["num_samples"]) != (len(arm["correct_per_problem"]),
                                                                    arm["num_samples"]):  # fmt: skip
         raise ValueError("the pilot and the base piece sampled different problems or numbers of samples.")
+    check_same_evaluation({"results": base_results}, {"results": arm_results}, "the pilot")
     n = base["num_samples"]
     diff = [(a - b) / n for a, b in zip(arm["correct_per_problem"], base["correct_per_problem"], strict=True)]
     estimate = bootstrap_mean(diff, confidence, seed=0)
@@ -673,6 +675,10 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
         for name in ("log_history.json", "training_curves.png"):
             shutil.copy(weights / name, partial / name)
     piece["vocab_size"] = _vocab_size(checkpoint)
+    if Path(plan.eval_source).is_file():
+        import hashlib
+
+        piece["eval_problems_sha256"] = hashlib.sha256(Path(plan.eval_source).read_bytes()).hexdigest()
     piece["wall_seconds"]["total"] = sum(piece["wall_seconds"].values())
     if plan.study.pilot and arm != "base":
         base_results = json.loads((plan.piece_dir(seed, "base") / "results.json").read_text())
@@ -731,8 +737,14 @@ def run_pieces(plan: Plan) -> None:
     plan.results_dir.mkdir(parents=True, exist_ok=True)
     if plan.eval_rows is not None:
         path = Path(plan.eval_source)
+        text = "".join(json.dumps(r) + "\n" for r in plan.eval_rows)
+        if path.is_file() and path.read_text(encoding="utf-8") != text:
+            raise ValueError(f"{path} holds other held-out problems than these settings give (--max_steps, "
+                             "--num_problems, --eval_limit, --task and --problem_seed choose them): the committed "
+                             "pieces were sampled on those, so new pieces must be too. Use the same settings, or "
+                             "another --results_dir.")  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text("".join(json.dumps(r) + "\n" for r in plan.eval_rows), encoding="utf-8")
+        path.write_text(text, encoding="utf-8")
     pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
     pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS if arm in plan.study.arms]
     for number, (seed, arm) in enumerate(pieces, 1):
@@ -769,6 +781,27 @@ def _read_piece(folder: Path) -> dict:
     return piece | {"results": results, "entry": results["checkpoints"][name], "ids": grouped(ids), "ce": grouped(ce)}
 
 
+SAME_EVALUATION = ("dataset", "split", "instruction", "limit", "k", "sampling", "max_new_tokens", "handoff",
+                   "max_rounds", "seed", "num_problems")  # fmt: skip
+"""Evaluation settings every piece must share with the base piece: the report pairs pieces by problem."""
+
+
+def check_same_evaluation(base: dict, piece: dict, name: str) -> None:
+    """Refuse a piece whose problems or evaluation settings differ from the base piece's.
+
+    Raises:
+        ValueError: naming the piece and the first setting that differs.
+    """
+    a, b = base["results"]["settings"], piece["results"]["settings"]
+    for key in SAME_EVALUATION:
+        if a.get(key) != b.get(key):
+            raise ValueError(f"{name}: evaluation setting {key!r} is {b.get(key)!r}, the base piece's is "
+                             f"{a.get(key)!r}; pieces compared problem by problem must share it (rerun the piece).")
+    sha = (base.get("eval_problems_sha256"), piece.get("eval_problems_sha256"))
+    if None not in sha and sha[0] != sha[1]:
+        raise ValueError(f"{name}: sampled on other held-out problems than the base piece (rerun the piece).")
+
+
 def committed_pieces(results_dir: Path) -> tuple[dict | None, dict[int, dict[str, dict]]]:
     """The base piece (or None) and every finished arm piece by seed, read from ``results_dir``."""
     base_dir = results_dir / "base"
@@ -798,8 +831,9 @@ def seed_results(base: dict, arms: dict[str, dict]) -> dict:
     checkpoints = {}
     for arm, piece in arms.items():
         entry = dict(piece["entry"])
-        entry["drift_with_null"] = drift(piece["ids"], base["ids"], prefix_tokens=settings["drift_prefix_tokens"],
-                                         **stats)  # fmt: skip
+        if settings["k"] >= 2:  # the null splits each problem's samples in two halves
+            entry["drift_with_null"] = drift(piece["ids"], base["ids"], prefix_tokens=settings["drift_prefix_tokens"],
+                                             **stats)  # fmt: skip
         if arm != "grpo" and "grpo" in arms and settings["k"] >= 4:
             entry["moved_back"] = moved_back(base["ids"], arms["grpo"]["ids"], piece["ids"], base["vocab_size"],
                                              top_n=settings["drift_top_n"], **stats)  # fmt: skip
@@ -824,6 +858,9 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
     if base is None or not seeds:
         raise FileNotFoundError(f"{results_dir}: the report needs the base piece and at least one arm's piece (run "
                                 "with --arms base grpo ... first).")  # fmt: skip
+    for seed, arms in seeds.items():
+        for arm, piece in arms.items():
+            check_same_evaluation(base, piece, f"seed-{seed}/{arm}")
     confidence = base["results"]["settings"]["confidence"]
     eval_seed = base["results"]["settings"]["seed"]
     per_seed = {seed: seed_results(base, arms) for seed, arms in seeds.items()}

@@ -580,3 +580,15 @@ def test_pilot_verdict_pairs_the_arm_with_the_base(study):
     entry["solo"]["correct_per_problem"] = [0] * (problems + 1)
     with pytest.raises(ValueError, match="different problems"):
         study.pilot_verdict(base, arm)
+
+
+def test_the_report_refuses_a_piece_evaluated_otherwise(study, tmp_path):
+    """Pieces are paired problem by problem: one sampled with other evaluation settings is refused, by name."""
+    copy = tmp_path / "study"
+    shutil.copytree(FIXTURE, copy)
+    path = copy / "seed-1" / "tandem" / "results.json"
+    results = json.loads(path.read_text())
+    results["settings"]["max_new_tokens"] += 1
+    path.write_text(json.dumps(results))
+    with pytest.raises(ValueError, match="seed-1/tandem: evaluation setting 'max_new_tokens'"):
+        study.build_report(copy)
