@@ -158,6 +158,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             self._tandem_sampling, self._tandem_max_new_tokens = sampling_from_generation_kwargs(
                 self.generation_kwargs, self.eos_token_ids, self.temperature
             )
+            if "max_new_tokens" not in (args.generation_kwargs or {}):  # TRL's copy: follow max_completion_length
+                self._tandem_max_new_tokens = None
         self._tables = BoundaryTables.from_tokenizer(
             self._tokenizer, logits_width(self.model.config), self.eos_token_ids
         )
