@@ -474,7 +474,8 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     # The alternating protocol and the word rule, one schedule each, and the step grid, two each (senior/junior first).
     runs = {"alternating": 1, "word": 1, "steps": 2 * len(evaluation.step_grid)}
     schedules = sum(runs[s] for s in evaluation.schedules)
-    per_piece = problems * (t["eval_base"] + schedules * t["eval_schedule"]) * scale + t["overhead"]
+    # TIMINGS' eval_base was measured for the whole-study evaluation, 4 models sampled alone; a piece samples one.
+    per_piece = problems * (t["eval_base"] / 4 + schedules * t["eval_schedule"] / 3) * scale + t["overhead"]
     out = {"base": per_piece}
     for arm in ARMS:
         out[arm] = per_piece + t["step"][arm] * shared.max_steps * size / (t["completions"] * t["tokens"])
