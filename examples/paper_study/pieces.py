@@ -92,10 +92,18 @@ def piece_config(plan: Plan, arm: str, checkpoint: str, output_dir: Path):
 
     return dataclasses.replace(
         plan.evaluation, checkpoints=[checkpoint], grpo_checkpoint=None, output_dir=str(output_dir),
-        measurements=[] if plan.study.pilot and arm != "base" else ["handoff", "legibility"],
+        measurements=_piece_measurements(plan, arm),
         # The junior-first step schedules continue the junior's own drafts, so they need its solo samples.
         junior_solo=arm == "base" or "steps" in plan.evaluation.schedules,
     )  # fmt: skip
+
+
+def _piece_measurements(plan: Plan, arm: str) -> list[str]:
+    """A pilot samples its arm alone; the base piece needs no handoff schedules (the base with itself as junior is
+    no arm: the report's handoff rows show "—" for it), only its own cross-entropy, the legibility reference."""
+    if arm == "base":
+        return ["legibility"]
+    return [] if plan.study.pilot else ["handoff", "legibility"]
 
 
 def learnt(base: dict, arm: dict, confidence: float = 0.95) -> dict:

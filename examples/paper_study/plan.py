@@ -205,7 +205,7 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     schedules = sum(runs[s] for s in evaluation.schedules)
     # TIMINGS' eval_base was measured for the whole-study evaluation, 4 models sampled alone; a piece samples one.
     per_piece = problems * (t["eval_base"] / 4 + schedules * t["eval_schedule"] / 3) * scale + t["overhead"]
-    out = {"base": per_piece}
+    out = {"base": problems * t["eval_base"] / 4 * scale + t["overhead"]}  # no handoff schedules
     for arm in ARMS:
         out[arm] = per_piece + t["step"][arm] * shared.max_steps * size / (t["completions"] * t["tokens"])
     return out, t["measured"]
