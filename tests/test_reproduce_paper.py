@@ -482,6 +482,9 @@ def test_tiny_study_in_pieces_then_the_report_from_committed_files(tiny_base, tm
     base_results = json.loads((results_dir / "base" / "results.json").read_text())
     grpo_results = json.loads((results_dir / "seed-1" / "grpo" / "results.json").read_text())
     assert "solo" in base_results["junior"] and "solo" not in grpo_results["junior"]
+    assert not next(iter(base_results["checkpoints"].values())).get("handoff")  # the base is no arm: no schedules
+    assert "handoff" in next(iter(grpo_results["checkpoints"].values()))
+    assert isinstance(piece["learnt"]["learnt"], bool)  # every arm is read against the base piece
 
     rest = subprocess.run(command, cwd=tmp_path, env=child_env(), capture_output=True, text=True, timeout=600)
     assert rest.returncode == 0, rest.stderr[-4000:]
