@@ -4,14 +4,14 @@ length and the cap rate of a model's completions.
 Why: a model that learns a format reward by repeating ``\\boxed{`` drifts from the base and becomes *easier* for the
 junior to predict (repetition is predictable, not legible); these numbers make that visible. Each is a mean per
 completion, then per problem, with a percentile bootstrap interval over problems
-([`bootstrap_mean`][tandem_grpo.evaluation.metrics.bootstrap_mean]).
+([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .metrics import bootstrap_mean
+from .stats import bootstrap_mean
 
 REPEAT_N = 4
 """n of the repeated n-gram share."""

@@ -25,6 +25,7 @@ import torch
 from ..handoff import JUNIOR, SENIOR, HandoffRule
 from ..sampling import SamplingSettings
 from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length
+from .stats import bootstrap_mean, by_problem
 from .steps import handover_region
 
 
@@ -376,3 +377,26 @@ def alternating_schedule(
             "unfinished_rows": sum(not d for d in done),
         },
     )
+
+
+def authorship_shares(out: ScheduleOutput, k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
+    """Who wrote a schedule's ``P * k`` completions (problem-major), with bootstrap intervals over problems.
+
+    Returns:
+        ``{"senior_share": ..., "handed_over_share": ...}``, each an interval dict or ``None`` when no problem has a
+        value: per problem, the senior's share of its tokens (problems without tokens left out), and the share of
+        its rows that changed hands (``out.handed_over`` where the schedule has it, else both models wrote in the
+        row); then the mean over problems.
+    """
+    rows_handed = out.handed_over or [0 in a and 1 in a for a in out.authorship]
+    per_problem_share, per_problem_handed = [], []
+    for rows, handed in zip(by_problem(out.authorship, k), by_problem(rows_handed, k), strict=True):
+        tokens = sum(len(a) for a in rows)
+        if tokens:
+            per_problem_share.append(sum(sum(a) for a in rows) / tokens)
+        per_problem_handed.append(sum(map(bool, handed)) / len(handed))
+
+    def estimate(values: list[float]) -> dict | None:
+        return bootstrap_mean(values, confidence, seed=seed).to_dict() if values else None
+
+    return {"senior_share": estimate(per_problem_share), "handed_over_share": estimate(per_problem_handed)}
