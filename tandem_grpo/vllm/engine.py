@@ -1,6 +1,6 @@
 """Building tandem vLLM engines and turning their outputs into a [`Rollout`][tandem_grpo.rollout.Rollout].
 
-Used by every entry point: TRL colocate mode ([`tandem_grpo.vllm.rollout`][tandem_grpo.vllm.rollout]), the server
+Used by every entry point: TRL colocate mode ([`trl_generation`][tandem_grpo.vllm.trl_generation]), the server
 ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]), the client
 ([`tandem_grpo.vllm.client`][tandem_grpo.vllm.client]), the tests and the benchmark.
 """
