@@ -17,18 +17,14 @@ from conftest import SHARED_DATA, assert_same_token_distributions, skip_without_
 
 skip_without_vllm()
 
-from tandem_grpo.evaluation.backends import (  # noqa: E402
-    TransformersBackend,
-    VLLMBackend,
-    close_shared_engine,
-    shared_engine,
-)
+from tandem_grpo.evaluation.backends import TransformersBackend  # noqa: E402
 from tandem_grpo.evaluation.cli import main  # noqa: E402
 from tandem_grpo.evaluation.schedules import (  # noqa: E402
     alternating_schedule,
     step_schedule,
     word_handoff_schedule,
 )
+from tandem_grpo.evaluation.vllm_backend import VLLMBackend, close_shared_engine, shared_engine  # noqa: E402
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings  # noqa: E402
 

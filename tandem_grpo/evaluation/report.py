@@ -329,3 +329,65 @@ def write_report(results: dict, output_dir: str | Path, samples: Sequence[Sample
     results["outputs"] = {k: str(v) for k, v in paths.items()} | {"results": str(out / RESULTS_FILE)}
     paths["results"] = write_results_json(results, out / RESULTS_FILE)
     return {k: str(v) for k, v in paths.items()}
+
+
+# -------------------------------------------------------------------------------------------------- samples
+
+
+def sample_records(checkpoint, schedule, completions, authorship, correct, tokenizer, k, benchmarks) -> list[dict]:
+    """The ``samples.jsonl`` lines of one model's (or schedule's) ``P * k`` completions, problem-major: names,
+    benchmark, problem and sample index, verdict, token count, the senior's tokens, text, ``ids`` and per-token
+    ``authorship`` (1 = senior)."""
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    return [
+        {
+            "checkpoint": checkpoint,
+            "schedule": schedule,
+            "benchmark": benchmarks[i // k],
+            "problem": i // k,
+            "sample": i % k,
+            "correct": bool(ok),
+            "num_tokens": len(ids),
+            "senior_tokens": int(sum(a)),
+            "text": text,
+            "ids": [int(t) for t in ids],
+            "authorship": list(a),
+        }
+        for i, (ids, a, ok, text) in enumerate(zip(completions, authorship, correct, texts, strict=True))
+    ]
+
+
+def attach_per_completion(records: list[dict], checkpoint: str, per_completion: dict) -> None:
+    """Write each solo completion's legibility values (``per_completion``, aligned with the rows) into its record."""
+    solo = [r for r in records if r["schedule"] == "solo" and r["checkpoint"] == checkpoint]
+    for metric in ("junior_cross_entropy", "overlap"):
+        values = per_completion.get(metric)
+        if values is not None:
+            for record, value in zip(solo, values, strict=True):
+                record[metric] = value
+
+
+def authorship_views(schedule_outputs: dict, records: list[dict], prompts, golds, tokenizer, k: int, shown: int):
+    """The [`SampleView`][tandem_grpo.evaluation.report.SampleView]s of ``samples.html``: per checkpoint (key of
+    ``schedule_outputs``, a list of schedule outputs), the first schedule's first ``shown`` problems (the
+    alternating protocol by default), then two problems of each of the next two schedules."""
+    from ..authorship import authorship_spans
+
+    by_row = {(r["checkpoint"], r["schedule"], r["problem"], r["sample"]): r for r in records}
+    n_show = min(shown, len(prompts))
+    views = []
+    for name, outputs in schedule_outputs.items():
+        for out, count in [(outputs[0], n_show)] + [(o, min(2, n_show)) for o in outputs[1:3]]:
+            for problem in range(count):
+                row = problem * k
+                views.append(
+                    SampleView(
+                        checkpoint=name,
+                        schedule=out.name,
+                        problem=prompts[problem][-1]["content"],
+                        gold=golds[problem],
+                        correct=by_row[(name, out.name, problem, 0)]["correct"],
+                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], tokenizer),
+                    )
+                )
+    return views

@@ -27,16 +27,17 @@ from pathlib import Path
 
 import torch
 
-from ..data import INSTRUCTIONS
-from .backends import VLLMBackend, create_backend, derive_seed, shared_engine
+from .backends import create_backend, derive_seed
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
 from .drift import drift, moved_back
 from .hacks import hack_detectors
+from .inputs import check_senior_slot, check_vocabularies, load_problems, render_prompts, score
 from .junior_legibility import legibility, legibility_block, paired_difference
-from .report import RESULTS_FILE, SampleView, write_report
+from .report import RESULTS_FILE, attach_per_completion, authorship_views, sample_records, write_report
 from .schedules import ScheduleOutput, alternating_schedule, authorship_shares, step_schedule, word_handoff_schedule
 from .solo import capability, capability_by_benchmark, pass_at_k_curve
 from .stats import by_problem
+from .vllm_backend import VLLMBackend, shared_engine
 
 __all__ = ["MEASUREMENTS", "PRESETS", "SCHEDULES", "EvaluationConfig", "EvaluationError", "evaluate"]
 
@@ -53,88 +54,6 @@ class _Model:
     backend: object = None
     solo: list[list[int]] | None = None
     solo_correct: list[bool] | None = None
-
-
-def _load_problems(config: EvaluationConfig) -> tuple[list, list[str], list[str]]:
-    """Every dataset of ``config.dataset`` in order, the first ``config.limit`` problems of each; returns the
-    prompts, the gold answers and each problem's benchmark name (its ``--dataset`` string), aligned."""
-    from ..data import load_math_dataset
-
-    prompts, golds, benchmarks = [], [], []
-    sources = config.datasets()
-    for source in sources:
-        where = f"--dataset {source!r}" if len(sources) == 1 else f"--dataset {source!r} (of {', '.join(sources)})"
-        try:
-            dataset = load_math_dataset(source, split=config.split, limit=config.limit,
-                                        instruction=INSTRUCTIONS[config.instruction])  # fmt: skip
-        except (ValueError, OSError, RuntimeError) as err:
-            raise EvaluationError(f"{where} (split {config.split!r}) could not be loaded: {err}") from err
-        if len(dataset) == 0:
-            raise EvaluationError(f"{where} (split {config.split!r}) is empty: nothing to evaluate.")
-        prompts += list(dataset["prompt"])
-        golds += [str(a) for a in dataset["answer"]]
-        benchmarks += [source] * len(dataset)
-    return prompts, golds, benchmarks
-
-
-def _check_vocabularies(models: dict[str, _Model], junior_path: str) -> object:
-    """Tokenizer and config of every model against the junior's, before any weights load; returns a tokenizer."""
-    from transformers import AutoConfig, AutoTokenizer
-
-    from ..junior import check_same_vocabulary, logits_width
-
-    tokenizers, widths = {}, {}
-    for key, m in models.items():
-        try:
-            tokenizers[key] = AutoTokenizer.from_pretrained(m.resolved)
-            widths[key] = logits_width(AutoConfig.from_pretrained(m.resolved))
-        except (OSError, ValueError) as err:
-            raise EvaluationError(f"Cannot read the tokenizer/config of {m.path!r} ({m.resolved}): {err}") from err
-    for key, m in models.items():
-        if key == junior_path:
-            continue
-        try:
-            check_same_vocabulary(tokenizers[key], tokenizers[junior_path], widths[key], widths[junior_path])
-        except ValueError as err:
-            raise EvaluationError(
-                f"Checkpoint {m.path!r} and junior {models[junior_path].path!r} have different vocabularies: {err}"
-            ) from err
-    return tokenizers
-
-
-def _check_senior_slot(models: list[_Model]) -> None:
-    """``--backend vllm`` swaps every non-junior model into one engine's senior slot: their shapes must match."""
-    from transformers import AutoConfig
-
-    def shape(m: _Model) -> tuple:
-        text = AutoConfig.from_pretrained(m.resolved).get_text_config()
-        names = ("hidden_size", "num_hidden_layers", "intermediate_size", "num_attention_heads", "num_key_value_heads")
-        return (type(text).__name__, *(getattr(text, n, None) for n in names))
-
-    first = shape(models[0])
-    for m in models[1:]:
-        if shape(m) != first:
-            raise EvaluationError(
-                f"--backend vllm loads every checkpoint into one engine's senior slot, but {m.path!r} has another "
-                f"architecture or size than {models[0].path!r} ({shape(m)} vs {first}); use --backend transformers."
-            )
-
-
-def _render_prompts(tokenizer, prompts: list) -> list[list[int]]:
-    """Chat-template each conversation (with the assistant header) and tokenize it without extra specials."""
-    texts = [tokenizer.apply_chat_template(p, tokenize=False, add_generation_prompt=True) for p in prompts]
-    return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
-
-
-def _score(tokenizer, completions: list[list[int]], golds_per_row: list[str], max_new_tokens: int) -> list[bool]:
-    from ..rewards import is_correct
-
-    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    # The training reward's rule: a completion cut off at the length cap only scores with a complete \boxed{}.
-    return [
-        is_correct(t, g, truncated=len(ids) >= max_new_tokens)
-        for t, g, ids in zip(texts, golds_per_row, completions, strict=True)
-    ]
 
 
 def _display_names(paths: Sequence[str]) -> list[str]:
@@ -221,7 +140,7 @@ class _Run:
         return list(dict.fromkeys(self.senior_keys + junior + extra))
 
     def score(self, completions: list[list[int]]) -> list[bool]:
-        return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
+        return score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
 
     def capability(self, correct: list[bool]) -> dict:
         """pass@k and accuracy pooled over every problem, ``by_benchmark`` and their ``macro`` average
@@ -254,7 +173,7 @@ class _Run:
         }
 
     def add_records(self, checkpoint: str, schedule: str, completions, authorship, correct) -> None:
-        self.records += _records(
+        self.records += sample_records(
             checkpoint, schedule, completions, authorship, correct, self.tokenizer, self.config.k, self.benchmarks
         )
 
@@ -277,7 +196,8 @@ def _evaluate(config: EvaluationConfig) -> dict:
     schedule_outputs = _timed(run, "handoff_schedules", _measure_handoff, results, "handoff" in measurements)
     _timed(run, "drift", _measure_drift, results, "drift" in measurements)
     _timed(run, "legibility", _measure_legibility, results, "legibility" in measurements)
-    html_samples = _authorship_views(run, schedule_outputs or {})
+    html_samples = authorship_views(schedule_outputs or {}, run.records, run.prompts, run.golds, run.tokenizer,
+                                    config.k, config.num_html_samples)  # fmt: skip
     with (out_dir / "samples.jsonl").open("w", encoding="utf-8") as handle:
         for r in run.records:
             handle.write(json.dumps(r) + "\n")
@@ -304,7 +224,7 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
     from ..models import resolve_model_path
 
     timing: dict[str, float] = {}
-    prompts, golds, benchmarks = _load_problems(config)
+    prompts, golds, benchmarks = load_problems(config)
     drift = "drift" in config.measurements
     resolved: dict[str, str] = {}
     models: dict[str, _Model] = {}
@@ -323,16 +243,16 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
     junior_key = register(config.junior or config.base)
     base_key = register(config.base or config.junior) if drift else None
     grpo_key = register(config.grpo_checkpoint) if config.grpo_checkpoint and drift else None
-    tokenizers = _check_vocabularies(models, junior_key)
+    tokenizers = check_vocabularies(models, junior_key)
     tokenizer = tokenizers[senior_keys[0]]
     if config.backend == "vllm":
         # Every model but the junior goes into the senior slot (the junior too when it is also a checkpoint).
-        _check_senior_slot([models[k] for k in models if k != junior_key or k in senior_keys])
+        check_senior_slot([models[k] for k in models if k != junior_key or k in senior_keys])
     timing["checks"] = time.perf_counter() - started
 
     # Prompts use the first checkpoint's chat template (all share one vocabulary; tandem training renders the
     # prompt once for both models, as here).
-    prompt_ids = _render_prompts(tokenizer, prompts)
+    prompt_ids = render_prompts(tokenizer, prompts)
     device = torch.device(config.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     t = time.perf_counter()
     for m in models.values():
@@ -548,12 +468,12 @@ def _measure_legibility(run: _Run, results: dict) -> None:
 
     outputs = {name: score(m.resolved, m.model, f"legibility {name}") for name, m in run.seniors()}
     for name, m in run.seniors():  # per completion in samples.jsonl: a later report can pair them across runs
-        _attach(run.records, m.path, outputs[name]["per_completion"])
+        attach_per_completion(run.records, m.path, outputs[name]["per_completion"])
         results["checkpoints"][name]["legibility"] = block(outputs[name])
     if run.junior.solo is None:  # the junior's own reference lives in another run (EvaluationConfig.junior_solo)
         return
     own = score(run.junior_key, None, "legibility junior (self)")
-    _attach(run.records, run.junior.path, own["per_completion"])
+    attach_per_completion(run.records, run.junior.path, own["per_completion"])
     own_ce = by_problem(own["per_completion"]["junior_cross_entropy"], c.k)
     for name, out in outputs.items():
         # How much harder (> 0) the junior finds the checkpoint's text than its own, problems resampled together.
@@ -565,65 +485,8 @@ def _measure_legibility(run: _Run, results: dict) -> None:
     results["junior"]["legibility_self"] = block(own)
 
 
-def _authorship_views(run: _Run, schedule_outputs: dict[str, list[ScheduleOutput]]) -> list[SampleView]:
-    """The samples of ``samples.html``: per checkpoint, the first schedule's first problems (the alternating
-    protocol by default), then two problems of each of the next two schedules."""
-    from ..authorship import authorship_spans
-
-    config = run.config
-    by_row = {(r["checkpoint"], r["schedule"], r["problem"], r["sample"]): r for r in run.records}
-    n_show = min(config.num_html_samples, len(run.prompts))
-    views = []
-    for name, outputs in schedule_outputs.items():
-        picks = [(outputs[0], n_show)] + [(o, min(2, n_show)) for o in outputs[1:3]]
-        for out, count in picks:
-            for problem in range(count):
-                row = problem * config.k
-                views.append(
-                    SampleView(
-                        checkpoint=name,
-                        schedule=out.name,
-                        problem=run.prompts[problem][-1]["content"],
-                        gold=run.golds[problem],
-                        correct=by_row[(name, out.name, problem, 0)]["correct"],
-                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], run.tokenizer),
-                    )
-                )
-    return views
-
-
-def _attach(records: list[dict], checkpoint: str, per_completion: dict) -> None:
-    """Write each solo completion's legibility values (``per_completion``, aligned with the rows) into its record."""
-    solo = [r for r in records if r["schedule"] == "solo" and r["checkpoint"] == checkpoint]
-    for metric in ("junior_cross_entropy", "overlap"):
-        values = per_completion.get(metric)
-        if values is not None:
-            for record, value in zip(solo, values, strict=True):
-                record[metric] = value
-
-
 def _mean_len(completions: list[list[int]]) -> float:
     return sum(len(c) for c in completions) / len(completions) if completions else float("nan")
-
-
-def _records(checkpoint, schedule, completions, authorship, correct, tokenizer, k, benchmarks) -> list[dict]:
-    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
-    return [
-        {
-            "checkpoint": checkpoint,
-            "schedule": schedule,
-            "benchmark": benchmarks[i // k],
-            "problem": i // k,
-            "sample": i % k,
-            "correct": bool(ok),
-            "num_tokens": len(ids),
-            "senior_tokens": int(sum(a)),
-            "text": text,
-            "ids": [int(t) for t in ids],
-            "authorship": list(a),
-        }
-        for i, (ids, a, ok, text) in enumerate(zip(completions, authorship, correct, texts, strict=True))
-    ]
 
 
 def _versions() -> dict:

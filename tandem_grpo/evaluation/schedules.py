@@ -86,7 +86,7 @@ def word_handoff_schedule(
 
     Args:
         backend: the senior's backend (a transformers one built with its ``junior``, or a
-            [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend]).
+            [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend]).
         prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
         sampling: sampling settings (the ones training uses).
         rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
