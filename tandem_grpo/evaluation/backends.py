@@ -1,21 +1,11 @@
-"""Generation behind a small interface: transformers ``generate``, or the package's tandem vLLM engine.
+"""Generation behind a small interface: a backend turns token-id prompts into one model's sampled completions
+([`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate]) or co-generates with the run's junior
+([`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem]); the rest of the evaluation sees token ids only.
 
-A backend turns token-id prompts into sampled completions for one model. Everything else in the evaluation
-(scoring, step schedules, reports) only sees token-id lists, so a backend needs nothing but
-[`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate].
-
-- ``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
-  ``model.generate``; the training-rule schedule runs on
-  [`tandem_generate`][tandem_grpo.generation.tandem_generate].
-- ``"vllm"`` ([`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend], in
-  [`vllm_backend`][tandem_grpo.evaluation.vllm_backend]): one in-process tandem vLLM engine per run
-  ([`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine], built by
-  [`build_llm`][tandem_grpo.vllm.engine.build_llm]) whose frozen junior is the run's junior and whose senior slot
-  holds one model at a time (swapped in with ``reload_senior``, as a training weight sync does). A solo completion
-  is a tandem request with junior probability 0 (the model in the senior slot) or 1 (the junior); the training
-  rule is a tandem request with the rule itself; step schedules continue a prefix the same way.
-
-Teacher-forced scoring (legibility) runs on the transformers models whatever the backend.
+``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
+``model.generate`` and [`tandem_generate`][tandem_grpo.generation.tandem_generate]. ``"vllm"``:
+[`vllm_backend`][tandem_grpo.evaluation.vllm_backend]. Teacher-forced scoring (legibility) runs on the transformers
+models whatever the backend.
 """
 
 from __future__ import annotations
@@ -86,12 +76,9 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
 
 
 class StopInCompletion(StoppingCriteria):
-    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string.
-
-    transformers' own ``stop_strings`` match the end of the whole sequence, prompt included, so a turn of the
-    alternating protocol whose prompt ends in ``"\n"`` would stop after a first token ``"\n"``; vLLM (and the
-    authors' protocol) look at the generated text only, as this does. Only the last ``window`` generated tokens are
-    decoded per step (an occurrence that ended earlier stopped the row then).
+    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string,
+    as in vLLM (transformers' ``stop_strings`` also match inside the prompt). Only the last ``window`` generated
+    tokens are decoded per step.
 
     Args:
         tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
@@ -184,11 +171,9 @@ class GenerationBackend:
 
 
 class TransformersBackend(GenerationBackend):
-    """Batched ``model.generate`` sampling with left padding (CPU or one GPU).
-
-    Each batch of ``batch_size`` prompts runs under its own seed (``derive_seed(seed, batch_index)``) inside
-    ``torch.random.fork_rng``, so the caller's global RNG state is left untouched and a rerun with the same
-    settings and batch size draws the same completions.
+    """Batched ``model.generate`` sampling with left padding (CPU or one GPU). Each batch runs under its own seed
+    (``derive_seed(seed, batch_index)``) inside ``torch.random.fork_rng``: the caller's RNG is untouched and a rerun
+    with the same batch size draws the same completions.
 
     Args:
         model: a loaded causal LM (evaluation mode is set here).

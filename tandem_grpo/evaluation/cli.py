@@ -3,14 +3,7 @@
 The options are parsed into an [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] and run by
 [`evaluate`][tandem_grpo.evaluation.runner.evaluate].
 
-Example (SmolLM2 evaluated against itself on 100 GSM8K test problems, 4 samples each):
-
-    tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
-        --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k --split test --limit 100 --k 4 \\
-        --output_dir results/smollm2-self
-
-Two benchmarks with the paper authors' decoding (``--preset paper``: temperature 0.7, top-p 0.8, top-k 20, 8 samples,
-3000 new tokens), 50 problems of each; the summary adds each benchmark's pass@k and their macro average:
+Example (two benchmarks with the paper authors' decoding, 50 problems of each):
 
     tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
         --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k math500 --split test --limit 50 \\

@@ -18,6 +18,9 @@ tokens it moves back, each with a bootstrap interval over problems and a null be
 Intervals: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval], every statistic (selection
 included) recomputed on each resample of problems; the arm and its null share resamples, so the excess's interval
 is paired.
+
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
+and ``num_resamples`` (default 1000).
 """
 
 from __future__ import annotations
@@ -141,9 +144,6 @@ def drift(
         base: ``[P][k]`` the base's solo completions of the same problems.
         bins: most frequent tokens kept as bins (default 100).
         prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` (default) for none.
-        confidence: interval level (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
-        seed: resampling seed (default 0).
 
     Returns:
         ``{"kl_nats", "null_kl_nats", "excess_nats"}`` (each an interval dict: ``value``, ``ci_low``,
@@ -253,8 +253,6 @@ def moved_back(
         vocab_size: ``V``, the normalizer of the per-token pseudo-count.
         top_n: tokens selected at most (default 500, the paper's); fewer when fewer pass ``min_count``.
         min_count: fewest selection-sample occurrences of a candidate (default 10).
-        confidence: interval level (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
         seed: seed of the resampling and of the thinning (default 0).
 
     Returns:

@@ -18,6 +18,9 @@ CoTs that overflow their 4096-token engine context).
 - **Paired difference** of two models on the same problems
   ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both sides recomputed on
   the same resamples, so what the problems share cancels.
+
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
+and ``num_resamples`` (default 1000).
 """
 
 from __future__ import annotations
@@ -236,9 +239,6 @@ def cot_mean(
         values: ``[P][k]`` per-CoT values of one model (e.g. ``per_completion`` of
             [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility] grouped by problem); ``None`` or NaN
             entries are left out.
-        confidence: interval level, in (0, 1) (default 0.95).
-        num_resamples: bootstrap resamples over problems (default 1000).
-        seed: resampling seed (default 0); the same seed draws the same resamples everywhere.
 
     Returns:
         ``{"mean": interval dict, "null_half_difference": interval dict or None (a problem with fewer than 2
@@ -285,9 +285,6 @@ def paired_difference(
     Args:
         values_a: ``[P][k_a]`` per-CoT values of the first model (e.g. a checkpoint's).
         values_b: ``[P][k_b]`` per-CoT values of the second (e.g. the junior's on its own samples), same problems.
-        confidence: interval level, in (0, 1) (default 0.95).
-        num_resamples: bootstrap resamples over problems (default 1000).
-        seed: resampling seed (default 0).
 
     Returns:
         An interval dict plus ``"value_a"`` and ``"value_b"``, the two means, in the units of the values.
@@ -353,8 +350,6 @@ def macro_mean(
         values: ``[P][k]`` per-CoT values of one model over every benchmark's problems (``None`` or NaN: not
             scored).
         benchmarks: ``[P]`` each problem's benchmark name.
-        confidence: interval level, in (0, 1) (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
         seed: resampling seed (default 0); benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
 
     Returns:
@@ -395,8 +390,6 @@ def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence
         out: one model's legibility output over ``P * k`` completions, problem-major.
         benchmarks: ``[P]`` each problem's benchmark name.
         k: samples per problem.
-        confidence: interval level (default 0.95).
-        seed: resampling seed (default 0).
     """
     stats = {"confidence": confidence, "seed": seed}
     entry = dict(out)

@@ -68,17 +68,10 @@ def _display_names(paths: Sequence[str]) -> list[str]:
 def evaluate(config: EvaluationConfig) -> dict:
     """Run the evaluation described by ``config`` and write its report; returns the ``results.json`` content.
 
-    Inputs are checked before any model weights load: arguments
-    ([`EvaluationConfig.validate`][tandem_grpo.evaluation.config.EvaluationConfig.validate]), the dataset (loaded and
-    non-empty), and every checkpoint's tokenizer and logits width against the junior's.
-
-    Measurements run in order, each in its own function: solo capability (always), then those of
-    ``config.measurements``: handoff robustness, drift, legibility.
-
-    Outputs in ``config.output_dir``: ``results.json`` (every number, the settings, timings), ``pass_at_k.png``,
-    ``pass_at_k_curve.png`` (solo pass@k for k = 1 .. ``min(pass_at_k_curve_max, k)`` with coverage),
-    ``drift.png``, ``cross_entropy.png``, ``samples.html`` (authorship view) and ``samples.jsonl`` (every
-    completion with its verdict and authorship).
+    Arguments, datasets and every checkpoint's vocabulary are checked before any weights load
+    ([`inputs`][tandem_grpo.evaluation.inputs]). Solo capability always runs, then the measurements of
+    ``config.measurements`` in order. Writes ``results.json``, ``samples.jsonl``, ``samples.html`` and the plots of
+    [`write_report`][tandem_grpo.evaluation.report.write_report] to ``config.output_dir``.
 
     Args:
         config: the run's settings.

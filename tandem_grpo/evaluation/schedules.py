@@ -117,24 +117,13 @@ def _word_settings(rule: HandoffRule) -> dict:
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
-    """Where to cut ``ids`` so the first model keeps exactly the text before a separator region ``[start, end]``.
+    """The number ``0 < n <= len(ids)`` of leading tokens of ``ids`` (a completion without EOS) that the first
+    model keeps before the separator region ``[start, end]`` of
+    [`handover_region`][tandem_grpo.evaluation.steps.handover_region] (character offsets).
 
-    Token boundaries are the decoded lengths ``len(decode(ids[:n]))`` (special tokens kept, no clean-up). The cut
-    is the last boundary inside ``[start, end]``, so the second model writes all of the next step, including
-    its first word (often a token like ``" The"`` that carries a separator space). When a single token spans
-    the whole region (a token holding both the step's last characters and the newline), the cut is the first
-    boundary at or after ``end``, so step ``s`` is never split.
-
-    Args:
-        ids: the first completion's tokens, EOS removed.
-        tokenizer: the tokenizer that decodes ``ids``.
-        start: start of the separator region, from
-            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
-        end: end of the separator region, from
-            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
-
-    Returns:
-        The number of leading tokens that form the prefix (``0 < n <= len(ids)``).
+    Token boundaries are the decoded lengths ``len(decode(ids[:n]))`` (special tokens kept, no clean-up). The cut is
+    the last boundary inside the region, so the second model writes all of the next step, its first word included;
+    when one token spans the whole region, the first boundary at or after ``end``, so step ``s`` is never split.
     """
 
     def boundary(n: int) -> int:
@@ -186,19 +175,11 @@ def step_schedule(
 ) -> ScheduleOutput:
     """Schedule (b): the first model's first ``num_steps`` reasoning steps, then the other model to the end.
 
-    For each row, the first model's completion (e.g. its solo sample, so every ``s`` of a grid shares one set of first
-    drafts and the comparison across ``s`` is paired) is decoded without its EOS, split into steps by
-    [`handover_region`][tandem_grpo.evaluation.steps.handover_region] (blank lines, else lines), and its tokens up to
-    the separator after step ``num_steps`` are kept verbatim (no re-tokenization;
-    [`handover_token_index`][tandem_grpo.evaluation.schedules.handover_token_index] picks the cut). ``continuation``
-    then samples from ``prompt + prefix`` with a cap of ``max_new_tokens - len(prefix)`` tokens, so the whole
-    completion obeys the same length cap as a solo one.
-
-    Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand over,
-    including empty completions): the first model's whole completion stands unchanged, authored entirely by the first
-    model, and the row's ``handed_over`` is ``False``;
-    [`ScheduleOutput.exhausted_fraction`][tandem_grpo.evaluation.schedules.ScheduleOutput.exhausted_fraction] reports
-    how often that happened.
+    Each row's first completion (e.g. the solo sample, so every ``s`` of a grid is paired) keeps its tokens up to the
+    separator after step ``num_steps`` verbatim
+    ([`handover_token_index`][tandem_grpo.evaluation.schedules.handover_token_index]); ``continuation`` samples
+    from ``prompt + prefix`` with the rest of the ``max_new_tokens`` budget. A row with ``num_steps`` steps or fewer
+    (nothing to hand over) stands unchanged, ``handed_over`` ``False``.
 
     Args:
         prompts: token-id prompts, one per row.

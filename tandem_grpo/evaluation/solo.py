@@ -6,6 +6,8 @@ interval: percentile bootstrap over problems ([`bootstrap_mean`][tandem_grpo.eva
 stratified by benchmark for the macro average). Handoff schedules are scored with the same functions. The curve and
 coverage go beyond the paper, after Su et al. (arXiv 2608.00220): RLVR can raise pass@1 while shrinking the set of
 problems solved at all.
+
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0).
 """
 
 from __future__ import annotations
@@ -38,8 +40,6 @@ def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int =
     Args:
         correct: ``[P][n]`` per-sample verdicts.
         ks: the k values, each ``<= n``.
-        seed: bootstrap seed (default 0).
-        confidence: interval level (default 0.95).
 
     Returns:
         ``{"pass@k": interval dict, ..., "mean_accuracy": interval dict, "num_samples": n,
@@ -73,8 +73,6 @@ def capability_by_benchmark(
         correct: ``[P][n]`` per-sample verdicts, the problems of every benchmark together.
         benchmarks: ``[P]`` each problem's benchmark name.
         ks: the k values, each ``<= n``.
-        seed: seed of every interval (default 0).
-        confidence: interval level (default 0.95).
 
     Returns:
         ``{"by_benchmark": {name: capability dict}, "macro": {"pass@k": interval dict, ..., "mean_accuracy",
@@ -114,8 +112,6 @@ def pass_at_k_curve(
     Args:
         correct: ``[P][n]`` per-sample verdicts; ``n`` is the smallest sample count of any problem.
         max_k: the curve's last k, ``>= 1`` (default 32).
-        seed: bootstrap seed (default 0).
-        confidence: interval level, in (0, 1) (default 0.95).
 
     Returns:
         ``{"k": [1..K], "pass_at_k": [interval dict per k], "coverage": interval dict, "num_samples": n,
