@@ -31,7 +31,8 @@ from .backends import create_backend, derive_seed
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
 from .drift import drift, moved_back
 from .hacks import hack_detectors
-from .inputs import check_senior_slot, check_vocabularies, load_problems, render_prompts, score
+from .inputs import check_senior_slot, check_vocabularies, load_problems, render_prompts
+from .inputs import score as _score  # one name for the verdicts of every measurement (tests replace it)
 from .junior_legibility import legibility, legibility_block, paired_difference
 from .report import RESULTS_FILE, attach_per_completion, authorship_views, sample_records, write_report
 from .schedules import ScheduleOutput, alternating_schedule, authorship_shares, step_schedule, word_handoff_schedule
@@ -133,7 +134,7 @@ class _Run:
         return list(dict.fromkeys(self.senior_keys + junior + extra))
 
     def score(self, completions: list[list[int]]) -> list[bool]:
-        return score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
+        return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
 
     def capability(self, correct: list[bool]) -> dict:
         """pass@k and accuracy pooled over every problem, ``by_benchmark`` and their ``macro`` average
