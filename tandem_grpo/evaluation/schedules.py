@@ -1,18 +1,14 @@
 """Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
 
-(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself (a coin
-    at every word boundary, junior with probability p), through the backend's
-    [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] (``tandem_generate`` or the tandem vLLM
-    engine), which returns a [`Rollout`][tandem_grpo.rollout.Rollout] as training's rollouts.
+(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself.
 (b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
-    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
-    completions with the junior; the mirror continues junior completions with the senior.
+    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end (senior first, and the mirror).
+(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's protocol (the
+    authors' ``eval/handoff.py``): senior first, then one reasoning step each, in one token budget.
 
-(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's handoff protocol
-    (the authors' ``eval/handoff.py``): the senior writes the first reasoning step, then the two models take turns,
-    one step each (a step ends at a blank line), in one shared token budget.
-
-Every schedule returns per-token authorship (1 = senior, 0 = junior), so what it promises can be checked.
+Every schedule returns per-token authorship (1 = senior, 0 = junior). Each is scored as solo capability
+([`solo`][tandem_grpo.evaluation.solo]), with who wrote what from
+[`authorship_shares`][tandem_grpo.evaluation.schedules.authorship_shares].
 """
 
 from __future__ import annotations
@@ -79,25 +75,10 @@ def word_handoff_schedule(
     seed: int = 0,
     desc: str = "tandem",
 ) -> ScheduleOutput:
-    """Schedule (a): co-generate with the training handoff rule (paper section 3): ``backend``'s model as the
-    senior, the run's junior, one
-    [`GenerationBackend.tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call
-    (``tandem_generate`` on the transformers backend, the tandem engine on vLLM).
-
-    Args:
-        backend: the senior's backend (a transformers one built with its ``junior``, or a
-            [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend]).
-        prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
-        sampling: sampling settings (the ones training uses).
-        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
-        max_new_tokens: completion length cap.
-        seed: the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``.
-        desc: progress-bar label.
-
-    Returns:
-        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the authorship the rule recorded
-        and ``settings["backend"]``.
-    """
+    """Schedule (a): one [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call of the senior's
+    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row,
+    at most ``max_new_tokens``; the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``. Returns its
+    [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
     return ScheduleOutput(
         name=word_schedule_name(rule),

@@ -24,11 +24,9 @@ GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.b
 class TandemEngine:
     """One in-process tandem vLLM engine for an evaluation run: a frozen junior and a senior slot.
 
-    The engine starts with ``senior`` in the senior slot;
     [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior] swaps another checkpoint of the same
-    architecture in (``reload_senior``, then a prefix-cache reset), as a training weight sync does. vLLM keeps one
-    engine per process in practice, so [`shared_engine`][tandem_grpo.evaluation.vllm_backend.shared_engine] reuses it
-    across runs.
+    architecture into the senior slot (``reload_senior``, then a prefix-cache reset), as a training weight sync does;
+    [`shared_engine`][tandem_grpo.evaluation.vllm_backend.shared_engine] keeps one engine per process.
 
     Args:
         senior: local folder of the first senior (resolved path).
@@ -36,10 +34,9 @@ class TandemEngine:
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         max_model_len: longest prompt plus completion, in tokens.
         seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
-        concurrent: completions the evaluation asks for at once. On a CPU the KV cache is sized so that
-            ``min(concurrent, max_num_seqs)`` completions of ``max_model_len`` tokens fit without preemption (a
-            cache too small for the batch makes vLLM preempt and recompute), within ``CPU_KV_CACHE_SHARE`` of the
-            machine's memory and at least the default ``CPU_KV_CACHE_BYTES``.
+        concurrent: completions asked for at once; on a CPU the KV cache holds ``min(concurrent, max_num_seqs)`` of
+            ``max_model_len`` tokens (no preemption), within ``CPU_KV_CACHE_SHARE`` of the machine's memory and at
+            least ``CPU_KV_CACHE_BYTES``.
 
     Raises:
         ImportError: vLLM is missing or too old.

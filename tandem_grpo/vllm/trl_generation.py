@@ -10,12 +10,10 @@ TRL 1.16 builds its vLLM backend in ``GRPOTrainer.__init__`` as ``VLLMGeneration
   ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]) or build a
   [`TandemVLLMClient`][tandem_grpo.vllm.client.TandemVLLMClient]. Every other TRL behaviour (TP groups, env setup,
   quantization detection, ``sync_weights`` for FSDP/DeepSpeed/PEFT, prefix-cache reset) is TRL's code, unchanged.
-- Weight sync streams TRL's own ``_iter_named_params()`` (FSDP/DeepSpeed/PEFT handled by TRL) under HF names into
-  the senior only. Server mode: TRL's ``sync_weights`` unchanged (the client's transport). Colocate mode: instead of
-  TRL's per-tensor ``model.load_weights`` (which fails on backends that repack weights after loading, such as
-  vLLM's CPU backend), the tensors go through
-  [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior] (vLLM's in-place
-  reload lifecycle, on the senior alone). The junior never changes.
+- Weight sync streams TRL's own ``_iter_named_params()`` into the senior only: TRL's ``sync_weights`` in server
+  mode; in colocate mode [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]
+  (vLLM's in-place reload; TRL's per-tensor ``load_weights`` fails on backends that repack weights, such as vLLM's
+  CPU backend). The junior never changes.
 - [`use_tandem_vllm`][tandem_grpo.vllm.trl_generation.use_tandem_vllm] is the context the trainer's ``__init__`` runs
   ``super().__init__`` in, so that ``GRPOTrainer`` constructs a
   [`TandemVLLMGeneration`][tandem_grpo.vllm.trl_generation.TandemVLLMGeneration] where it would construct a
