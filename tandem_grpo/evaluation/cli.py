@@ -73,12 +73,10 @@ class EvaluateParser(HfArgumentParser):
     [`HandoffFlags`][tandem_grpo.evaluation.cli.HandoffFlags]: one flag per field, named as the field, help from the
     field's metadata, defaults from the dataclass.
 
-    Differences from a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are not flags
-    (their fields are, the rule's under the training config's names); ``--skip MEASUREMENT ...`` and
-    ``--no_progress`` are kept from the earlier hand-written parser; and
+    Beyond a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are flags of their own
+    fields (the rule's under the training config's names); ``--skip MEASUREMENT ...`` and ``--no_progress``; and
     [`error`][tandem_grpo.evaluation.cli.EvaluateParser.error] raises
-    [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError] instead of printing the usage and exiting,
-    so every usage error ends as one ``error:`` line.
+    [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError], so every usage error is one ``error:`` line.
     """
 
     def __init__(self, prog: str = PROG) -> None:
@@ -183,7 +181,7 @@ def _passes(block: dict, ks: list[int]) -> str:
 
 def _benchmark_lines(block: dict, ks: list[int], indent: str) -> list[str]:
     """With several benchmarks: the macro average of ``block``'s pass@k and one line per benchmark (nothing for one
-    benchmark, or for results written before ``by_benchmark`` existed)."""
+    benchmark, or for results without ``by_benchmark``)."""
     by_benchmark = block.get("by_benchmark") or {}
     if len(by_benchmark) < 2:
         return []
