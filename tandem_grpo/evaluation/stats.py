@@ -107,19 +107,32 @@ def _check_confidence(confidence: float) -> None:
         raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
 
 
-def _quantiles(replicates: torch.Tensor, confidence: float) -> tuple[float, float]:
+def _percentile_bootstrap(
+    groups: Mapping[str, Sequence[float]], confidence: float, num_resamples: int, seed: int
+) -> tuple[float, float, float]:
+    """``(value, low, high)``: the plain mean over groups of each group's mean, and the ``(1 -+ confidence) / 2``
+    quantiles of the same statistic over resamples that draw each group's values from that group alone, group by
+    group from one ``torch.Generator`` seeded by ``seed``."""
+    _check_confidence(confidence)
+    generator = torch.Generator().manual_seed(seed)
+    values, replicates = [], torch.zeros(num_resamples, dtype=torch.float64)
+    for group in groups.values():
+        data = torch.tensor([float(v) for v in group], dtype=torch.float64)
+        index = torch.randint(0, len(data), (num_resamples, len(data)), generator=generator)
+        values.append(float(data.mean()))
+        replicates += data[index].mean(dim=1)
     alpha = (1.0 - confidence) / 2.0
-    low, high = torch.quantile(replicates, torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)).tolist()
-    return float(low), float(high)
+    quantiles = torch.tensor([alpha, 1.0 - alpha], dtype=torch.float64)
+    low, high = torch.quantile(replicates / len(groups), quantiles).tolist()
+    return sum(values) / len(values), float(low), float(high)
 
 
 def bootstrap_mean(
     values: Sequence[float], confidence: float = 0.95, num_resamples: int = 2000, seed: int = 0
 ) -> Estimate:
-    """Mean of per-problem ``values`` with a percentile-bootstrap interval over problems.
-
-    Problems are drawn with replacement ``num_resamples`` times from a ``torch.Generator`` seeded by ``seed`` (reruns
-    report the same interval); the bounds are the ``(1 -+ confidence) / 2`` quantiles of the resampled means.
+    """Mean of per-problem ``values`` with a percentile-bootstrap interval over problems: ``num_resamples`` draws of
+    the problems with replacement, seeded by ``seed`` (reruns report the same interval), bounds at the
+    ``(1 -+ confidence) / 2`` quantiles of the resampled means.
 
     Args:
         values: one number per problem.
@@ -135,19 +148,9 @@ def bootstrap_mean(
     """
     if len(values) == 0:
         raise ValueError("bootstrap_mean needs at least one problem; the dataset is empty.")
-    _check_confidence(confidence)
-    data = torch.tensor([float(v) for v in values], dtype=torch.float64)
-    generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(0, len(data), (num_resamples, len(data)), generator=generator)
-    low, high = _quantiles(data[index].mean(dim=1), confidence)
-    return Estimate(
-        value=float(data.mean()),
-        low=low,
-        high=high,
-        confidence=confidence,
-        method=f"percentile bootstrap over problems ({num_resamples} resamples, seed {seed})",
-        num_problems=len(data),
-    )
+    value, low, high = _percentile_bootstrap({"": values}, confidence, num_resamples, seed)
+    method = f"percentile bootstrap over problems ({num_resamples} resamples, seed {seed})"
+    return Estimate(value, low, high, confidence, method, len(values))
 
 
 def macro_bootstrap_mean(
@@ -158,7 +161,7 @@ def macro_bootstrap_mean(
 
     Source of the average: CSSLab/Tandem-RLVR ``eval/common.py`` ``metrics_by_set`` (``"macro"``), so every benchmark
     weighs the same whatever its size. Each resample draws every benchmark's problems from that benchmark alone, in
-    insertion order from one generator seeded by ``seed``: with one benchmark, value, draws and interval equal
+    insertion order: with one benchmark, value, draws and interval equal
     [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]'s.
 
     Args:
@@ -178,26 +181,12 @@ def macro_bootstrap_mean(
     empty = [name for name, values in groups.items() if len(values) == 0]
     if empty:
         raise ValueError(f"macro_bootstrap_mean: benchmark(s) {empty} have no problems.")
-    _check_confidence(confidence)
-    generator = torch.Generator().manual_seed(seed)
-    values, replicates = [], torch.zeros(num_resamples, dtype=torch.float64)
-    for group in groups.values():
-        data = torch.tensor([float(v) for v in group], dtype=torch.float64)
-        index = torch.randint(0, len(data), (num_resamples, len(data)), generator=generator)
-        values.append(float(data.mean()))
-        replicates += data[index].mean(dim=1)
-    low, high = _quantiles(replicates / len(groups), confidence)
-    return Estimate(
-        value=sum(values) / len(values),
-        low=low,
-        high=high,
-        confidence=confidence,
-        method=(
-            f"percentile bootstrap over problems stratified by benchmark ({len(groups)} benchmarks, "
-            f"{num_resamples} resamples, seed {seed})"
-        ),
-        num_problems=sum(len(g) for g in groups.values()),
+    value, low, high = _percentile_bootstrap(groups, confidence, num_resamples, seed)
+    method = (
+        f"percentile bootstrap over problems stratified by benchmark ({len(groups)} benchmarks, "
+        f"{num_resamples} resamples, seed {seed})"
     )
+    return Estimate(value, low, high, confidence, method, sum(len(g) for g in groups.values()))
 
 
 def resample_weights(num_problems: int, num_resamples: int = DEFAULT_NUM_RESAMPLES, seed: int = 0) -> torch.Tensor:
