@@ -219,6 +219,16 @@ def _mean_over_cots(weights: torch.Tensor, sums: torch.Tensor, counts: torch.Ten
     return (weights @ sums) / (weights @ counts)
 
 
+def _with_null(statistic, values: Grouped, confidence: float, method: str) -> tuple[dict, dict | None]:
+    """Interval dicts of ``statistic(keep)`` (``[1 + R]`` replicates over the samples whose index passes ``keep``) on
+    every sample, and of its even-minus-odd null (``None`` when a problem has fewer than 2 samples)."""
+    mean = normal_interval(statistic(lambda i: True), confidence, method, len(values))
+    if min(len(g) for g in values) < 2:
+        return mean, None
+    halves = statistic(lambda i: i % 2 == 0) - statistic(lambda i: i % 2 == 1)
+    return mean, normal_interval(halves, confidence, method, len(values))
+
+
 def _check(name: str, groups: Grouped, confidence: float) -> None:
     if len(groups) == 0:
         raise ValueError(f"{name}: no problems.")
@@ -249,19 +259,14 @@ def cot_mean(
     """
     _check("cot_mean", values, confidence)
     weights = resample_weights(len(values), num_resamples, seed)
-    method, problems = normal_method(num_resamples, seed), len(values)
-    sums, counts = _sums(values)
-    mean = normal_interval(_mean_over_cots(weights, sums, counts), confidence, method, problems)
-    null = None
-    if min(len(g) for g in values) >= 2:
-        even = _mean_over_cots(weights, *_sums(values, lambda i: i % 2 == 0))
-        odd = _mean_over_cots(weights, *_sums(values, lambda i: i % 2 == 1))
-        null = normal_interval(even - odd, confidence, method, problems)
+    mean, null = _with_null(lambda keep: _mean_over_cots(weights, *_sums(values, keep)), values, confidence,
+                            normal_method(num_resamples, seed))  # fmt: skip
+    counts = _sums(values)[1]
     total = sum(len(g) for g in values)
     return {
         "mean": mean,
         "null_half_difference": null,
-        "num_problems": problems,
+        "num_problems": len(values),
         "num_scored": int(counts.sum()),
         "num_skipped": total - int(counts.sum()),
         "estimator": (
@@ -371,12 +376,8 @@ def macro_mean(
         return means.nanmean(dim=0)
 
     method = normal_method(num_resamples, seed) + ", stratified by benchmark"
-    null = None
-    if min(len(g) for g in values) >= 2:
-        halves = macro(lambda i: i % 2 == 0) - macro(lambda i: i % 2 == 1)
-        null = normal_interval(halves, confidence, method, len(values))
-    return {"mean": normal_interval(macro(), confidence, method, len(values)), "null_half_difference": null,
-            "benchmarks": names}  # fmt: skip
+    mean, null = _with_null(macro, values, confidence, method)
+    return {"mean": mean, "null_half_difference": null, "benchmarks": names}
 
 
 def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
