@@ -138,7 +138,7 @@ def test_evaluate_with_the_vllm_backend(engine, smollm2_path, tmp_path, capsys):
     assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     assert entry["handoff"]["word_p0.5"]["schedule"]["backend"] == "vllm"
     assert 0.0 < entry["handoff"]["word_p0.5"]["senior_token_fraction"] < 1.0
-    assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)  # one model, sampled once
+    assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)  # one model, sampled once
     assert entry["solo"]["pass_at_k_curve"]["k"] == [1, 2]
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     assert len([r for r in records if r["schedule"] == "solo"]) == 4 and any(r["text"].strip() for r in records)
