@@ -12,7 +12,7 @@ Generation: the same prompts, ``ignore_eos`` so both engines produce exactly
 ``sequences x tokens`` tokens, temperature 1, after a short warm-up. The tandem engine is self-paired (junior = the
 senior's weights) with the paper's rule (word units, junior probability 0.5, 32-token cap). Training: one warm-up
 step, then the timed steps, of ``TandemGRPOTrainer`` vs TRL's ``GRPOTrainer`` with vLLM in colocate mode and the
-same config (the tandem trainer is built inside ``tandem_grpo.vllm.rollout.use_tandem_vllm``).
+same config (the tandem trainer is built inside ``tandem_grpo.vllm.trl_generation.use_tandem_vllm``).
 
 On a CPU the engines run float32 and eager (vLLM's bf16 matmuls take a slow path on CPUs without AVX-512 BF16,
 and inductor compilation takes minutes); on a GPU they run the model's dtype with vLLM's defaults.
@@ -183,7 +183,7 @@ def child_train(kind: str, args) -> dict:
     timer = StepTimer()
     if kind == "tandem":
         from tandem_grpo.trainer import TandemGRPOTrainer
-        from tandem_grpo.vllm.rollout import use_tandem_vllm
+        from tandem_grpo.vllm.trl_generation import use_tandem_vllm
 
         args_obj = TandemGRPOConfig(**config, junior_probability=0.5, handoff_granularity="word")
         with use_tandem_vllm(args_obj, **llm_kwargs):

@@ -119,7 +119,7 @@ def train(args) -> dict:
     from tandem_grpo.data import STEPS_INSTRUCTION, builtin_problems
     from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
     from tandem_grpo.rewards import accuracy_reward, format_reward
-    from tandem_grpo.vllm.rollout import use_tandem_vllm
+    from tandem_grpo.vllm.trl_generation import use_tandem_vllm
 
     torch.set_num_threads(os.cpu_count())
     config = TandemGRPOConfig(

@@ -40,7 +40,8 @@ from pathlib import Path
 
 from tandem_grpo.data import BUILTIN_TASKS, INSTRUCTION, STEPS_INSTRUCTION
 from tandem_grpo.evaluation.hacks import boxed_share
-from tandem_grpo.evaluation.metrics import bootstrap_mean, capability
+from tandem_grpo.evaluation.solo import capability
+from tandem_grpo.evaluation.stats import bootstrap_mean
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.rewards import is_correct
 from tandem_grpo.sampling import SamplingSettings
@@ -164,7 +165,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from tandem_grpo.evaluation.backends import VLLMBackend, shared_engine
+    from tandem_grpo.evaluation.vllm_backend import VLLMBackend, shared_engine
 
     path = resolve_model_path(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)

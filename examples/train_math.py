@@ -120,7 +120,7 @@ def vllm_engine_options(args: TandemGRPOConfig) -> contextlib.AbstractContextMan
 
     if not (args.use_vllm and args.vllm_mode == "colocate") or torch.cuda.is_available():
         return contextlib.nullcontext()
-    from tandem_grpo.vllm.rollout import use_tandem_vllm
+    from tandem_grpo.vllm.trl_generation import use_tandem_vllm
 
     return use_tandem_vllm(args, dtype="float32", enforce_eager=True)
 

@@ -141,14 +141,14 @@ def silence_trl_deprecations() -> None:
 
 
 def moved_names(module: str, moved: dict[str, str]):
-    """A module-level ``__getattr__`` for ``module`` that serves each name of ``moved`` from its new module.
+    """A module-level ``__getattr__`` for ``module`` that serves each name of ``moved`` from its new place.
 
     Args:
         module: the old module's ``__name__``.
-        moved: ``{name: new module's dotted path}``.
+        moved: ``{name: new module's dotted path}``, or ``{old name: "new.module:new_name"}`` for a renamed name.
 
     Returns:
-        ``__getattr__(name)``: the object from its new module, with a ``DeprecationWarning`` naming the new path.
+        ``__getattr__(name)``: the object from its new place, with a ``DeprecationWarning`` naming the new path.
 
     Raises:
         AttributeError: from the returned function, for a name not in ``moved``.
@@ -157,11 +157,13 @@ def moved_names(module: str, moved: dict[str, str]):
     def __getattr__(name: str):
         if name not in moved:
             raise AttributeError(f"module {module!r} has no attribute {name!r}")
+        target, _, new_name = moved[name].partition(":")
+        new_name = new_name or name
         warnings.warn(
-            f"{module}.{name} moved to {moved[name]}.{name}; the old path goes in the next release.",
+            f"{module}.{name} moved to {target}.{new_name}; the old path goes in the next release.",
             DeprecationWarning,
             stacklevel=2,
         )
-        return getattr(importlib.import_module(moved[name]), name)
+        return getattr(importlib.import_module(target), new_name)
 
     return __getattr__

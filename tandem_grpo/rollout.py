@@ -3,7 +3,7 @@
 Every way of co-generating returns a [`Rollout`][tandem_grpo.rollout.Rollout]: the transformers decode loop
 ([`tandem_generate`][tandem_grpo.generation.tandem_generate]), the tandem vLLM engine in process
 ([`generate_with_llm`][tandem_grpo.vllm.engine.generate_with_llm], the evaluation's
-[`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine]) and behind a server
+[`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine]) and behind a server
 ([`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine] on what
 [`TandemVLLMClient.generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem] returns). The trainer
 reads the authorship mask, the unit starts and the ``log p_s(B)`` coefficients from it, as the evaluation reads the

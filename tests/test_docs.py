@@ -71,7 +71,7 @@ KEY_OBJECTS = [
     ("api/data/index.html", "tandem_grpo.data.load_math_dataset"),
     ("api/rewards/index.html", "tandem_grpo.rewards.accuracy_reward"),
     ("api/evaluation/runner/index.html", "tandem_grpo.evaluation.runner.evaluate"),
-    ("api/evaluation/metrics/index.html", "tandem_grpo.evaluation.metrics.pass_at_k"),
+    ("api/evaluation/stats/index.html", "tandem_grpo.evaluation.stats.pass_at_k"),
     ("api/vllm/index.html", "tandem_grpo.vllm._compat.check_vllm"),
     ("api/vllm/processor/index.html", "tandem_grpo.vllm.processor.TandemLogitsProcessor"),
 ]

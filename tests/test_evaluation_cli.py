@@ -106,21 +106,20 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     alternating = entry["handoff"]["alternating"]
     assert alternating["schedule"]["max_rounds"] == 150 and alternating["mean_turns"] >= 1.0
     assert alternating["senior_share"]["value"] > 0.0
-    assert entry["drift"]["kl_to_base_nats"] > 0.0
-    assert 0 < entry["drift_reversal"]["top_n"] <= 50
-    assert 0.0 <= entry["drift_reversal"]["fraction_moved_back"] <= 1.0
-    # The estimator with a null (evaluation.drift); moved-back needs 4 samples per problem, this run draws 2.
+    # The superseded smoothed drift is no longer written; drift comes with a null (evaluation.drift), and
+    # moved-back needs 4 samples per problem, this run draws 2.
+    assert "drift" not in entry and "drift_reversal" not in entry
     excess = entry["drift_with_null"]["excess_nats"]
     assert excess["ci_low"] <= excess["value"] <= excess["ci_high"] and excess["num_problems"] == 3
     assert set(entry["drift_with_null"]["by_position"]) == {"prefix_tokens", "first", "rest"}
     assert "moved_back" not in entry
-    assert results["grpo"]["drift"]["kl_to_base_nats"] > 0.0
+    assert results["grpo"]["drift_with_null"]["kl_nats"]["value"] > 0.0
     leg = entry["legibility"]
     assert leg["junior_cross_entropy"] > 0.0 and 0.0 < leg["overlap"] < 1.0 and leg["num_tokens"] > 0
     assert results["junior"]["legibility_self"]["junior_cross_entropy"] > 0.0
     # The authors' averaging (per completion without EOS, then over completions) with an interval, an even/odd null
     # (k = 2 here) and the paired difference from the junior on its own samples.
-    assert leg["junior_cross_entropy_pooled"] > 0.0 and len(leg["per_completion"]["junior_cross_entropy"]) == 6
+    assert "junior_cross_entropy_pooled" not in leg and len(leg["per_completion"]["junior_cross_entropy"]) == 6
     for name in ("junior_cross_entropy_with_null", "overlap_with_null"):
         est = leg[name]["mean"]
         assert est["ci_low"] <= est["value"] <= est["ci_high"] and est["num_problems"] == 3
@@ -145,11 +144,11 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
         assert hacks["num_tokens"]["value"] == pytest.approx(block["mean_completion_tokens"])
         assert 0.0 <= hacks["cap_rate"]["value"] <= 1.0 and 0.0 <= hacks["repeated_4gram_share"]["value"] <= 1.0
     # Drift split by position: the first 8 completion tokens and the rest partition every completion's tokens.
-    for drift in (entry["drift"], results["grpo"]["drift"]):
+    for drift in (entry["drift_with_null"], results["grpo"]["drift_with_null"]):
         parts = drift["by_position"]
         assert parts["prefix_tokens"] == 8
         assert parts["first"]["num_tokens"] + parts["rest"]["num_tokens"] == drift["num_tokens"]
-        assert parts["first"]["kl_to_base_nats"] > 0.0
+        assert parts["first"]["kl_nats"]["value"] > 0.0
     # samples.jsonl: every completion of every schedule, k per problem.
     records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
     word = [r for r in records if r["schedule"] == "word_p0.5"]
@@ -382,7 +381,6 @@ def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
     assert results["settings"]["resolved_paths"]["HuggingFaceTB/SmolLM2-135M-Instruct"] == smollm2_path
     assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
-    assert entry["drift"]["kl_to_base_nats"] == pytest.approx(0.0, abs=1e-12)
     assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)
     assert entry["legibility"]["overlap"] == pytest.approx(1.0, abs=1e-4)
     # A real instruct model is far more predictable to itself than a uniform guess over 49152 tokens (10.8 nats).

@@ -1,17 +1,17 @@
 """Drift and moved-back statistics (tandem_grpo.evaluation.drift) on synthetic token streams with known answers.
 
 Each statistic is checked three ways: its null is a null (two sets drawn from one distribution give an excess
-whose interval covers 0), it sees a real effect, and the drift estimator's value is stable across sample sizes
-where the whole-vocabulary smoothed KL of 0.1 is not.
+whose interval covers 0), it sees a real effect, and the drift estimator's value is stable across sample sizes.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 import pytest
 import torch
 
 from tandem_grpo.evaluation.drift import binned_kl, drift, drift_difference, moved_back
-from tandem_grpo.evaluation.metrics import marginal_kl, token_counts
 
 V = 3000
 
@@ -63,18 +63,14 @@ def test_drift_null_is_a_null_and_model_equal_to_base_adds_nothing() -> None:
     assert shifted["kl_nats"]["value"] > shifted["null_kl_nats"]["value"]
 
 
-def test_drift_is_stable_across_sample_sizes_where_smoothed_kl_is_not() -> None:
-    values, smoothed = [], []
+def test_drift_is_stable_across_sample_sizes() -> None:
+    values = []
     for problems in (25, 100, 400):
         model = _sample(GRPO, problems, 4, 40, seed=10 + problems)
         base = _sample(BASE, problems, 4, 40, seed=20 + problems)
         values.append(drift(model, base, num_resamples=1)["excess_nats"]["value"])
-        flat = lambda groups: [c for g in groups for c in g]  # noqa: E731
-        smoothed.append(marginal_kl(token_counts(flat(model), V), token_counts(flat(base), V), 0.1))
-    # 4k to 64k tokens per side: the excess drift stays within 25% of its largest-sample value ...
+    # 4k to 64k tokens per side: the excess drift stays within 25% of its largest-sample value.
     assert max(abs(v - values[-1]) for v in values) < 0.25 * values[-1], values
-    # ... while the whole-vocabulary smoothed KL falls by almost half (the pseudo-count dominates at 4k).
-    assert smoothed[0] > 1.8 * smoothed[-1], smoothed
 
 
 def test_drift_by_position_and_errors() -> None:
@@ -139,7 +135,7 @@ def test_moved_back_selects_frequent_tokens_only_and_checks_inputs() -> None:
     base = _sample(BASE, 20, 4, 30, seed=9)
     grpo = _sample(GRPO, 20, 4, 30, seed=10)
     out = moved_back(base, grpo, grpo, V, min_count=10, num_resamples=5)
-    pooled = token_counts([c for g in base for c in g[0::2]] + [c for g in grpo for c in g[0::2]], V)
+    pooled = Counter(t for groups in (base, grpo) for g in groups for c in g[0::2] for t in c)
     assert all(pooled[t] >= 10 for t in out["token_ids"])
     with pytest.raises(ValueError, match="at least 4 per problem"):
         moved_back([g[:2] for g in base], grpo, grpo, V)

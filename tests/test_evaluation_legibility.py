@@ -1,6 +1,6 @@
-"""Legibility averaged as the paper's authors do (tandem_grpo.evaluation.metrics.legibility: per completion without
-EOS, then over completions) and its intervals, null and paired differences
-(tandem_grpo.evaluation.legibility_intervals), against values computed by hand or drawn with a known answer."""
+"""Legibility averaged as the paper's authors do (tandem_grpo.evaluation.junior_legibility.legibility: per completion
+without EOS, then over completions) and its intervals, null and paired differences, against values computed by hand
+or drawn with a known answer."""
 
 from __future__ import annotations
 
@@ -10,14 +10,14 @@ import pytest
 import torch
 from test_evaluation_metrics import tiny_llama
 
-from tandem_grpo.evaluation.legibility_intervals import (
+from tandem_grpo.evaluation.junior_legibility import (
     benchmark_means,
     cot_mean,
+    legibility,
     macro_average,
     macro_mean,
     paired_difference,
 )
-from tandem_grpo.evaluation.metrics import legibility
 
 EOS = (1, 2)
 
@@ -71,8 +71,6 @@ def test_each_completion_mean_leaves_out_its_trailing_eos():
     assert out["num_scored_tokens"] == 11 and out["num_tokens"] == 14
     assert out["junior_cross_entropy"] == pytest.approx(_mean([per_ce[i] for i in (0, 1, 3)]), rel=1e-4)
     assert out["overlap"] == pytest.approx(_mean([per_ov[i] for i in (0, 1, 3)]), rel=1e-4)
-    # The pooled figure is the earlier one: every completion token, EOS included, token-weighted.
-    assert out["junior_cross_entropy_pooled"] == pytest.approx(_mean(all_nll), rel=1e-4)
     # The EOS tokens do matter here: including them moves the first completion's mean.
     nll0, _ = _per_token(senior, junior, prompts[0], completions[0])
     assert abs(_mean(nll0) - per_ce[0]) > 1e-3
@@ -88,7 +86,6 @@ def test_mean_over_completions_is_not_the_pooled_token_mean_when_lengths_differ(
     pooled = _mean(nll[0] + nll[1])
     assert abs(mean_of_means - pooled) > 0.05  # the example separates the two averages
     assert out["junior_cross_entropy"] == pytest.approx(mean_of_means, rel=1e-4)
-    assert out["junior_cross_entropy_pooled"] == pytest.approx(pooled, rel=1e-4)
     assert out["overlap"] is None and out["per_completion"]["overlap"] is None
 
 

@@ -62,7 +62,7 @@ from datasets import Dataset
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.handoff import HandoffRule
 from tandem_grpo.vllm.engine import generate_with_llm
-from tandem_grpo.vllm.rollout import use_tandem_vllm
+from tandem_grpo.vllm.trl_generation import use_tandem_vllm
 from conftest import build_tiny_tokenizer
 
 

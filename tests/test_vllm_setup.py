@@ -92,7 +92,7 @@ def test_junior_with_padded_logits_is_accepted(monkeypatch, tmp_path, tiny_check
 
 
 def test_start_hint_follows_the_base_url_the_trainer_uses():
-    from tandem_grpo.vllm.rollout import serve_command
+    from tandem_grpo.vllm.trl_generation import serve_command
 
     # TRL connects to server_base_url and ignores host/port when it is set: the hint must name that server.
     hint = serve_command("m", "j", host="0.0.0.0", port=8000, base_url="http://10.1.2.3:9001")

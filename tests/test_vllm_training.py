@@ -43,7 +43,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tandem_grpo.config import TandemGRPOConfig
 from tandem_grpo.models import resolve_model_path
 from tandem_grpo.trainer import TandemGRPOTrainer
-from tandem_grpo.vllm.rollout import SeniorVLLMGeneration, TandemVLLMGeneration, use_tandem_vllm
+from tandem_grpo.vllm.trl_generation import SeniorVLLMGeneration, TandemVLLMGeneration, use_tandem_vllm
 
 mode, output_dir, base_url, arm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
 cpu = not torch.cuda.is_available()

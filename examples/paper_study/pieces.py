@@ -60,7 +60,7 @@ def _vllm_engine_options(config: TandemGRPOConfig):
 
     if not (config.use_vllm and config.vllm_mode == "colocate") or torch.cuda.is_available():
         return contextlib.nullcontext()
-    from tandem_grpo.vllm.rollout import use_tandem_vllm
+    from tandem_grpo.vllm.trl_generation import use_tandem_vllm
 
     return use_tandem_vllm(config, dtype="float32", enforce_eager=True)
 
@@ -117,7 +117,7 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95) -> dict:
     Raises:
         ValueError: the two did not sample the same problems, numbers of samples or evaluation settings.
     """
-    from tandem_grpo.evaluation.metrics import bootstrap_mean
+    from tandem_grpo.evaluation.stats import bootstrap_mean
 
     base_solo = base["junior"]["solo"]
     (entry,) = arm["checkpoints"].values()

@@ -61,7 +61,7 @@ def seed_results(base: dict, arms: dict[str, dict]) -> dict:
     drift from the base with its null, the share of GRPO's most-shifted tokens moved back with its null, and the
     junior's cross-entropy on each arm's samples minus on its own (paired over problems)."""
     from tandem_grpo.evaluation.drift import drift, moved_back
-    from tandem_grpo.evaluation.legibility_intervals import paired_difference
+    from tandem_grpo.evaluation.junior_legibility import paired_difference
 
     settings = base["results"]["settings"]
     stats = {"confidence": settings["confidence"], "seed": settings["seed"]}
@@ -89,7 +89,7 @@ def paired_differences(base: dict, arms: dict[str, dict]) -> dict[str, dict]:
     [`drift_difference`][tandem_grpo.evaluation.drift.drift_difference]) and the junior's cross-entropy (the
     authors' averaging; ``paired_difference``). Keyed as ``table.comparison_rows``'s ``paired`` argument."""
     from tandem_grpo.evaluation.drift import drift_difference
-    from tandem_grpo.evaluation.legibility_intervals import paired_difference
+    from tandem_grpo.evaluation.junior_legibility import paired_difference
 
     settings = base["results"]["settings"]
     stats = {"confidence": settings["confidence"], "seed": settings["seed"]}

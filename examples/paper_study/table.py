@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import html
 
-from tandem_grpo.evaluation.metrics import bootstrap_mean, pass_at_k
+from tandem_grpo.evaluation.stats import bootstrap_mean, pass_at_k
 
 from .plan import ARMS, LABELS
 
@@ -112,7 +112,7 @@ def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, 
 
     - solo capability: ``pass@k`` for every ``k`` of ``settings.pass_at`` and the mean accuracy; per-problem values
       rebuilt from ``<arm>.solo.correct_per_problem`` with the evaluation's unbiased estimator
-      ([`pass_at_k`][tandem_grpo.evaluation.metrics.pass_at_k]), so an arm's interval equals the evaluation's
+      (``tandem_grpo.evaluation.stats.pass_at_k``), so an arm's interval equals the evaluation's
       (same bootstrap, same seed) and differences are paired per problem.
     - handoff robustness, per schedule of ``<arm>.handoff`` (``alternating`` first, always: the paper's protocol,
       senior first, one reasoning step each; then the training rule ``word_p<p>`` and the step schedules):

@@ -1,40 +1,27 @@
-"""Generation behind a small interface: transformers ``generate``, or the package's tandem vLLM engine.
+"""Generation behind a small interface: a backend turns token-id prompts into one model's sampled completions
+([`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate]) or co-generates with the run's junior
+([`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem]); the rest of the evaluation sees token ids only.
 
-A backend turns token-id prompts into sampled completions for one model. Everything else in the evaluation
-(scoring, step schedules, reports) only sees token-id lists, so a backend needs nothing but
-[`generate`][tandem_grpo.evaluation.backends.GenerationBackend.generate].
-
-- ``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
-  ``model.generate``; the training-rule schedule runs on
-  [`tandem_generate`][tandem_grpo.generation.tandem_generate].
-- ``"vllm"`` ([`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend]): one in-process tandem vLLM engine
-  per run ([`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine], built by
-  [`build_llm`][tandem_grpo.vllm.engine.build_llm]) whose frozen junior is the run's junior and whose senior slot
-  holds one model at a time (swapped in with ``reload_senior``, as a training weight sync does). A solo completion
-  is a tandem request with junior probability 0 (the model in the senior slot) or 1 (the junior); the training
-  rule is a tandem request with the rule itself; step schedules continue a prefix the same way.
-
-Teacher-forced scoring (legibility) runs on the transformers models whatever the backend.
+``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
+``model.generate`` and [`tandem_generate`][tandem_grpo.generation.tandem_generate]. ``"vllm"``:
+[`vllm_backend`][tandem_grpo.evaluation.vllm_backend]. Teacher-forced scoring (legibility) runs on the transformers
+models whatever the backend.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
+from .._compat import moved_names
 from ..handoff import BoundaryTables, HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
 BACKENDS = ("transformers", "vllm")
 """The backend names of ``tandem-grpo evaluate --backend``."""
-
-VLLM_GPU_MEMORY_UTILIZATION = 0.3
-"""Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
-GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.build_llm]."""
 
 
 def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | None = None) -> list[int]:
@@ -89,12 +76,9 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
 
 
 class StopInCompletion(StoppingCriteria):
-    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string.
-
-    transformers' own ``stop_strings`` match the end of the whole sequence, prompt included, so a turn of the
-    alternating protocol whose prompt ends in ``"\n"`` would stop after a first token ``"\n"``; vLLM (and the
-    authors' protocol) look at the generated text only, as this does. Only the last ``window`` generated tokens are
-    decoded per step (an occurrence that ended earlier stopped the row then).
+    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string,
+    as in vLLM (transformers' ``stop_strings`` also match inside the prompt). Only the last ``window`` generated
+    tokens are decoded per step.
 
     Args:
         tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
@@ -187,11 +171,9 @@ class GenerationBackend:
 
 
 class TransformersBackend(GenerationBackend):
-    """Batched ``model.generate`` sampling with left padding (CPU or one GPU).
-
-    Each batch of ``batch_size`` prompts runs under its own seed (``derive_seed(seed, batch_index)``) inside
-    ``torch.random.fork_rng``, so the caller's global RNG state is left untouched and a rerun with the same
-    settings and batch size draws the same completions.
+    """Batched ``model.generate`` sampling with left padding (CPU or one GPU). Each batch runs under its own seed
+    (``derive_seed(seed, batch_index)``) inside ``torch.random.fork_rng``: the caller's RNG is untouched and a rerun
+    with the same batch size draws the same completions.
 
     Args:
         model: a loaded causal LM (evaluation mode is set here).
@@ -348,232 +330,6 @@ class TransformersBackend(GenerationBackend):
         return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
 
 
-class TandemEngine:
-    """One in-process tandem vLLM engine for an evaluation run: a frozen junior and a senior slot.
-
-    The engine starts with ``senior`` in the senior slot;
-    [`load_senior`][tandem_grpo.evaluation.backends.TandemEngine.load_senior] swaps another checkpoint of the same
-    architecture in (``reload_senior``, then a prefix-cache reset), as a training weight sync does. vLLM keeps one
-    engine per process in practice, so [`shared_engine`][tandem_grpo.evaluation.backends.shared_engine] reuses it
-    across runs.
-
-    Args:
-        senior: local folder of the first senior (resolved path).
-        junior: local folder of the frozen junior.
-        dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
-        max_model_len: longest prompt plus completion, in tokens.
-        seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
-        concurrent: completions the evaluation asks for at once. On a CPU the KV cache is sized so that
-            ``min(concurrent, max_num_seqs)`` completions of ``max_model_len`` tokens fit without preemption (a
-            cache too small for the batch makes vLLM preempt and recompute), within ``CPU_KV_CACHE_SHARE`` of the
-            machine's memory and at least the default ``CPU_KV_CACHE_BYTES``.
-
-    Raises:
-        ImportError: vLLM is missing or too old.
-        ValueError: the junior's vocabulary differs from the senior's.
-    """
-
-    def __init__(
-        self, senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
-    ) -> None:
-        from ..vllm.engine import build_llm, engine_info
-
-        self.junior = junior
-        self.dtype = dtype
-        self.max_model_len = int(max_model_len)
-        self.llm = build_llm(
-            senior,
-            junior,
-            gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION,
-            max_model_len=self.max_model_len,
-            dtype=dtype,
-            enforce_eager=True,
-            seed=seed,
-            **_cpu_kv_cache(senior, dtype, max_model_len, concurrent),
-        )
-        self.senior = senior
-        self.eos_token_ids = [int(i) for i in engine_info(self.llm)["eos_token_ids"]]
-
-    def load_senior(self, path: str) -> None:
-        """Put the checkpoint in folder ``path`` into the senior slot (no-op when it is there already)."""
-        if path == self.senior:
-            return
-        from ..vllm.model import iter_checkpoint
-
-        # One call: a layer split over two reloads is left incomplete.
-        self._model().reload_senior(iter_checkpoint(path))
-        self.llm.reset_prefix_cache()
-        self.senior = path
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        rule,
-        *,
-        max_new_tokens: Sequence[int],
-        seeds: Sequence[int],
-        stop: Sequence[str] = (),
-    ):
-        """Tandem completions of the current senior and the junior, one request per prompt.
-
-        Args:
-            prompts: token-id prompts.
-            sampling: the sampling settings (the mixture is truncated as in training).
-            rule: the [`HandoffRule`][tandem_grpo.handoff.HandoffRule] (junior probability 0: the senior alone;
-                1: the junior alone).
-            max_new_tokens: length cap per prompt.
-            seeds: coin-stream seed per prompt.
-            stop: strings that end a request, kept in its output (``include_stop_str_in_output``).
-
-        Returns:
-            The [`Rollout`][tandem_grpo.rollout.Rollout] of
-            [`generate_with_llm`][tandem_grpo.vllm.engine.generate_with_llm].
-        """
-        from ..vllm.engine import generate_with_llm
-
-        # A model that writes alone runs alone (TandemForCausalLM.set_solo): half the forward passes.
-        solo = {0.0: "senior", 1.0: "junior"}.get(float(getattr(rule, "junior_probability", 0.5)))
-        if self._model().set_solo(solo):
-            self.llm.reset_prefix_cache()
-        return generate_with_llm(self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop)
-
-    def _model(self):
-        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-
-
-CPU_KV_CACHE_SHARE = 0.4
-"""Largest share of the machine's memory the evaluation engine's KV cache takes on a CPU."""
-
-MAX_NUM_SEQS = 256
-"""Completions vLLM decodes at once (its own default)."""
-
-
-def _cpu_kv_cache(senior: str, dtype: str, max_model_len: int, concurrent: int) -> dict:
-    """``build_llm`` arguments that size a CPU engine's KV cache for the batch (none on a GPU or without a batch)."""
-    if torch.cuda.is_available() or concurrent < 1:
-        return {}
-    from ..vllm.engine import CPU_KV_CACHE_BYTES, kv_cache_bytes
-
-    wanted = kv_cache_bytes(senior, dtype, min(concurrent, MAX_NUM_SEQS) * max_model_len)
-    limit = int(CPU_KV_CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
-    return {"kv_cache_memory_bytes": max(CPU_KV_CACHE_BYTES, min(wanted, limit)), "max_num_seqs": MAX_NUM_SEQS}
-
-
-_ENGINE: TandemEngine | None = None
-
-
-def shared_engine(
-    senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
-) -> TandemEngine:
-    """The process's [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine], built on first use and reused
-    while the junior and dtype match and its ``max_model_len`` suffices (vLLM does not free an in-process engine
-    reliably, so one is kept); ``senior`` is loaded into its senior slot."""
-    global _ENGINE
-    if _ENGINE is None or (_ENGINE.junior, _ENGINE.dtype) != (junior, dtype) or _ENGINE.max_model_len < max_model_len:
-        _ENGINE = None  # drop the old engine before building the next
-        _ENGINE = TandemEngine(senior, junior, dtype=dtype, max_model_len=max_model_len, seed=seed,
-                               concurrent=concurrent)  # fmt: skip
-    _ENGINE.load_senior(senior)
-    return _ENGINE
-
-
-def close_shared_engine() -> None:
-    """Drop the process's shared engine and free what vLLM holds in this process (its process group and memory),
-    so that another in-process vLLM engine can start; the next
-    [`shared_engine`][tandem_grpo.evaluation.backends.shared_engine] call builds a new one. Uses vLLM's
-    ``cleanup_dist_env_and_memory`` (vllm/distributed/parallel_state.py)."""
-    global _ENGINE
-    if _ENGINE is None:
-        return
-    _ENGINE = None
-    from vllm.distributed.parallel_state import cleanup_dist_env_and_memory
-
-    cleanup_dist_env_and_memory()
-
-
-class VLLMBackend(GenerationBackend):
-    """Solo sampling of one model through a [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine].
-
-    The junior (``is_junior=True``) samples as a tandem request with junior probability 1; any other model is
-    loaded into the senior slot and samples with junior probability 0. Both go through the logits processor's
-    truncation (top-k, then top-p, then min-p, as in training and in transformers). Draws are not reproducible
-    (vLLM's CPU sampler takes no per-request seed); the coin seeds are ``derive_seed(seed, "coin", row)``.
-
-    Args:
-        engine: the run's engine.
-        path: the model's folder (what [`load_senior`][tandem_grpo.evaluation.backends.TandemEngine.load_senior]
-            loads).
-        is_junior: whether this model is the engine's junior.
-        pad_token_id: filler id (default: the first EOS id).
-        tokenizer: the model's tokenizer, needed for ``stop`` strings (default: none).
-    """
-
-    name = "vllm"
-
-    def __init__(
-        self, engine: TandemEngine, path: str, *, is_junior: bool, pad_token_id: int | None = None, tokenizer=None
-    ) -> None:
-        self.engine = engine
-        self.tokenizer = tokenizer
-        self.path = path
-        self.is_junior = is_junior
-        self.eos_token_ids = list(engine.eos_token_ids)
-        self.pad_token_id = int(pad_token_id if pad_token_id is not None else self.eos_token_ids[0])
-
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        *,
-        max_new_tokens: int | Sequence[int],
-        seed: int = 0,
-        desc: str = "generate",
-        stop: Sequence[str] = (),
-    ) -> list[list[int]]:
-        # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
-        rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)
-
-    def tandem(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        rule: HandoffRule,
-        *,
-        max_new_tokens: int,
-        seed: int = 0,
-        desc: str = "tandem",
-    ) -> Rollout:
-        """Co-generate with this model in the senior slot (the junior's weights too, when it is evaluated as a
-        checkpoint) and the engine's junior under ``rule``: the engine's
-        [`Rollout`][tandem_grpo.rollout.Rollout] (``desc`` is unused: the engine draws no bar)."""
-        if not prompts:
-            return Rollout([], [], [], [], [])
-        self.engine.load_senior(self.path)
-        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        return self.engine.generate(prompts, sampling, rule, max_new_tokens=[max_new_tokens] * len(prompts),
-                                    seeds=seeds)  # fmt: skip
-
-    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool, stop: Sequence[str] = ()):
-        """One model's completions (``rule`` with junior probability 0 or 1), cut at EOS and at ``stop``."""
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(caps) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
-        if not prompts:
-            return []
-        if load:
-            self.engine.load_senior(self.path)
-        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
-        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
-        if stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
-            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
-        return ids
-
-
 def check_backend_name(name: str) -> None:
     """Raise ``ValueError`` for a backend name this version cannot run, listing the ones it can
     ([`BACKENDS`][tandem_grpo.evaluation.backends.BACKENDS])."""
@@ -584,8 +340,8 @@ def check_backend_name(name: str) -> None:
 def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
     """The transformers backend for a loaded ``model`` (kwargs go to
     [`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]); a
-    [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend] is built on a
-    [`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine] instead.
+    [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] is built on a
+    [`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine] instead.
 
     Raises:
         ValueError: an unknown backend name (see
@@ -595,3 +351,7 @@ def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
     if name != "transformers":
         raise ValueError(f"create_backend builds the transformers backend; build a {name!r} one with VLLMBackend.")
     return TransformersBackend(model, tokenizer, **kwargs)
+
+
+_VLLM_NAMES = ("TandemEngine", "VLLMBackend", "shared_engine", "close_shared_engine", "VLLM_GPU_MEMORY_UTILIZATION")
+__getattr__ = moved_names(__name__, dict.fromkeys(_VLLM_NAMES, "tandem_grpo.evaluation.vllm_backend"))

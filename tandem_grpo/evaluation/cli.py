@@ -1,16 +1,9 @@
 """``tandem-grpo evaluate``: the command-line front of ``tandem_grpo.evaluation.runner.evaluate``.
 
-The options are parsed into an [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig] and run by
+The options are parsed into an [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] and run by
 [`evaluate`][tandem_grpo.evaluation.runner.evaluate].
 
-Example (SmolLM2 evaluated against itself on 100 GSM8K test problems, 4 samples each):
-
-    tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
-        --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k --split test --limit 100 --k 4 \\
-        --output_dir results/smollm2-self
-
-Two benchmarks with the paper authors' decoding (``--preset paper``: temperature 0.7, top-p 0.8, top-k 20, 8 samples,
-3000 new tokens), 50 problems of each; the summary adds each benchmark's pass@k and their macro average:
+Example (two benchmarks with the paper authors' decoding, 50 problems of each):
 
     tandem-grpo evaluate --checkpoints HuggingFaceTB/SmolLM2-135M-Instruct \\
         --junior HuggingFaceTB/SmolLM2-135M-Instruct --dataset gsm8k math500 --split test --limit 50 \\
@@ -45,7 +38,7 @@ field metadata)."""
 
 @dataclasses.dataclass
 class HandoffFlags:
-    """The flags of [`EvaluationConfig.handoff`][tandem_grpo.evaluation.runner.EvaluationConfig], named and
+    """The flags of [`EvaluationConfig.handoff`][tandem_grpo.evaluation.config.EvaluationConfig], named and
     defaulted as the training config's (``TandemGRPOConfig``);
     [`HandoffRule.from_config`][tandem_grpo.handoff.HandoffRule.from_config] turns them into the rule."""
 
@@ -75,17 +68,15 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 
 
 class EvaluateParser(HfArgumentParser):
-    """``HfArgumentParser`` over [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig],
+    """``HfArgumentParser`` over [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig],
     [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] and
     [`HandoffFlags`][tandem_grpo.evaluation.cli.HandoffFlags]: one flag per field, named as the field, help from the
     field's metadata, defaults from the dataclass.
 
-    Differences from a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are not flags
-    (their fields are, the rule's under the training config's names); ``--skip MEASUREMENT ...`` and
-    ``--no_progress`` are kept from the earlier hand-written parser; and
+    Beyond a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are flags of their own
+    fields (the rule's under the training config's names); ``--skip MEASUREMENT ...`` and ``--no_progress``; and
     [`error`][tandem_grpo.evaluation.cli.EvaluateParser.error] raises
-    [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] instead of printing the usage and exiting,
-    so every usage error ends as one ``error:`` line.
+    [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError], so every usage error is one ``error:`` line.
     """
 
     def __init__(self, prog: str = PROG) -> None:
@@ -114,7 +105,7 @@ class EvaluateParser(HfArgumentParser):
         HfArgumentParser._parse_dataclass_field(parser, field)
 
     def error(self, message: str):
-        """Raise [`EvaluationError`][tandem_grpo.evaluation.runner.EvaluationError] with argparse's ``message``
+        """Raise [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError] with argparse's ``message``
         (a missing, unknown or malformed flag)."""
         raise EvaluationError(f"{message} (see --help)")
 
@@ -133,14 +124,14 @@ class EvaluateParser(HfArgumentParser):
 
     def parse_config(self, argv: list[str] | None = None) -> EvaluationConfig:
         """Parse ``argv`` (default: ``sys.argv[1:]``) into the run's
-        [`EvaluationConfig`][tandem_grpo.evaluation.runner.EvaluationConfig], with ``--preset`` applied: the
+        [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig], with ``--preset`` applied: the
         flags given in ``argv`` win over the preset's values
-        ([`apply_preset`][tandem_grpo.evaluation.runner.EvaluationConfig.apply_preset]).
+        ([`apply_preset`][tandem_grpo.evaluation.config.EvaluationConfig.apply_preset]).
 
         Raises:
             EvaluationError: a missing, unknown or malformed flag, an unknown preset, or invalid sampling settings
                 (named). The other values are checked when the run starts, by
-                [`EvaluationConfig.validate`][tandem_grpo.evaluation.runner.EvaluationConfig.validate].
+                [`EvaluationConfig.validate`][tandem_grpo.evaluation.config.EvaluationConfig.validate].
         """
         argv = sys.argv[1:] if argv is None else list(argv)
         values = vars(self.parse_args(argv))
@@ -190,7 +181,7 @@ def _passes(block: dict, ks: list[int]) -> str:
 
 def _benchmark_lines(block: dict, ks: list[int], indent: str) -> list[str]:
     """With several benchmarks: the macro average of ``block``'s pass@k and one line per benchmark (nothing for one
-    benchmark, or for results written before ``by_benchmark`` existed)."""
+    benchmark, or for results without ``by_benchmark``)."""
     by_benchmark = block.get("by_benchmark") or {}
     if len(by_benchmark) < 2:
         return []
@@ -223,12 +214,15 @@ def _summary(results: dict) -> str:
                 line += f" (macro {h['macro'][f'pass@{ks[-1]}']['value']:.3f})"
             lines.append(line)
             lines += _benchmark_lines(h, ks, "    ")
-        if "drift" in entry:
-            kl, part = entry["drift"]["kl_to_base_nats"], entry["drift"]["by_position"]
-            lines.append(
-                f"  KL(checkpoint || base) {kl:.4f} nats (first {part['prefix_tokens']} tokens "
-                f"{part['first']['kl_to_base_nats']:.4f}, rest {part['rest']['kl_to_base_nats']:.4f})"
-            )
+        if "drift_with_null" in entry:
+            drift = entry["drift_with_null"]
+            excess = drift["excess_nats"]
+            line = f"  drift from base {drift['kl_nats']['value']:.4f} nats, excess over null {excess['value']:.4f}"
+            part = drift.get("by_position")
+            if part:
+                line += (f" (first {part['prefix_tokens']} tokens {part['first']['excess_nats']['value']:.4f}, "
+                         f"rest {part['rest']['excess_nats']['value']:.4f})")  # fmt: skip
+            lines.append(line)
         if "legibility" in entry:
             leg = entry["legibility"]
             ov = "n/a" if leg["overlap"] is None else f"{leg['overlap']:.3f}"

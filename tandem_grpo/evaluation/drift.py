@@ -1,30 +1,26 @@
-"""Marginal-token drift from the base and the tokens GRPO shifts that a tandem checkpoint moves back (paper section
-5.3), each with a bootstrap interval over problems and a null beside it.
+"""Drift (paper section 5.3): a checkpoint's marginal-token drift from the base and the share of GRPO's most-shifted
+tokens it moves back, each with a bootstrap interval over problems and a null beside it.
 
-Why not the plain smoothed KL over the whole vocabulary: at a few thousand completion tokens most of a ~49k-entry
-vocabulary is unseen, so a per-entry pseudo-count carries half of each smoothed distribution and the value follows
-the pseudo-count more than the models; and ranking tokens by their smoothed log-shift picks rare tokens whose
-"shift" is a token-count artefact. Here:
+- **Drift** ([`drift`][tandem_grpo.evaluation.drift.drift]): KL divergence of the marginal token distributions
+  coarsened to the ``bins`` most frequent tokens of the two sets plus one bin for every other token, Jeffreys
+  pseudo-count 0.5 per bin, measured between disjoint halves of the samples (even and odd sample index of every
+  problem): ``(KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``. **Null**: the same statistic between
+  the base's own halves, so both compare equal amounts of text; ``excess = drift - null``. Coarsening keeps the
+  pseudo-count under a few percent of the mass: on a ~49k-entry vocabulary seen through a few thousand tokens, a
+  per-entry pseudo-count would carry half of each distribution.
+- **Moved back** ([`moved_back`][tandem_grpo.evaluation.drift.moved_back]): GRPO's most-shifted tokens are
+  selected on the even samples (at least ``min_count`` occurrences in GRPO's and the base's, ranked by
+  ``|log p_grpo - log p_base|``) and measured on the odd ones: a token is moved back when the checkpoint's frequency
+  is closer in log space to the base's than GRPO's is (ties count one half). The checkpoint's samples ``1 mod 4``
+  are compared with GRPO's ``3 mod 4`` at equal token counts; **null**: GRPO's own ``1 mod 4`` in the checkpoint's
+  place (0.5 in expectation); ``excess = fraction - null``.
 
-- **Drift** is the KL divergence of the marginal token distributions coarsened to the ``bins`` most frequent
-  tokens of the two sets compared plus one bucket for every other token, with a Jeffreys pseudo-count of 0.5 per
-  bin. With 100 bins and thousands of tokens the pseudo-count is under a few percent of the mass, so the value does
-  not hinge on it, and the coarsened distribution is a fixed quantity that more samples estimate better (the
-  test suite checks both). It is measured between disjoint halves of the samples (even and odd sample index of
-  every problem): ``drift = (KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``, and its **null** is
-  the same statistic between the base's own halves, ``(KL(base_even || base_odd) + KL(base_odd || base_even)) / 2``,
-  so both compare equal amounts of text; ``excess = drift - null`` is what the model adds over sampling noise.
-- **Moved back** selects GRPO's most-shifted tokens on one part of the samples and measures them on another:
-  selection on the even samples (tokens seen at least ``min_count`` times in GRPO's and the base's even samples,
-  ranked by ``|log p_grpo - log p_base|``), measurement on the odd ones, where a token is moved back when the
-  checkpoint's frequency is closer in log space to the base's (odd samples) than GRPO's is (ties count one half).
-  The checkpoint's samples with index ``1 mod 4`` are compared with GRPO's ``3 mod 4``, thinned to equal token
-  counts; the **null** compares GRPO's own ``1 mod 4`` samples with the same ``3 mod 4``, so it is 0.5 in
-  expectation, and ``excess = fraction - null``.
+Intervals: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval], every statistic (selection
+included) recomputed on each resample of problems; the arm and its null share resamples, so the excess's interval
+is paired.
 
-Intervals are normal intervals whose standard error comes from a bootstrap over problems (every statistic,
-selection included, recomputed on each resample; the arm and its null share resamples, so the excess's interval is
-paired); see ``_estimate`` for why not percentiles.
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
+and ``num_resamples`` (default 1000).
 """
 
 from __future__ import annotations
@@ -32,6 +28,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import torch
+
+from .stats import DEFAULT_NUM_RESAMPLES, normal_interval, normal_method, resample_weights
 
 DEFAULT_DRIFT_BINS = 100
 """Most frequent tokens kept as their own bins by [`drift`][tandem_grpo.evaluation.drift.drift] (the rest share one
@@ -41,8 +39,8 @@ DEFAULT_MIN_COUNT = 10
 """Fewest occurrences (GRPO's and the base's selection samples together) for a token to be selected by
 [`moved_back`][tandem_grpo.evaluation.drift.moved_back]."""
 
-DEFAULT_NUM_RESAMPLES = 1000
-"""Bootstrap resamples of the drift statistics."""
+DEFAULT_DRIFT_PREFIX_TOKENS = 8
+"""Completion tokens counted as the response's start in drift's ``by_position`` blocks."""
 
 PSEUDO_COUNT = 0.5
 """Jeffreys pseudo-count per bin (drift) or per token (moved-back measurement)."""
@@ -83,16 +81,6 @@ def _vocabulary(*sets: Completions) -> torch.Tensor:
     return torch.tensor(sorted(seen) or [0], dtype=torch.long)
 
 
-def _weights(num_problems: int, num_resamples: int, seed: int) -> torch.Tensor:
-    """float64 ``[1 + R, P]``: row 0 all ones (the point estimate), then ``R`` bootstrap resamples of the problems as
-    multiplicities."""
-    generator = torch.Generator().manual_seed(seed)
-    index = torch.randint(0, num_problems, (num_resamples, num_problems), generator=generator)
-    resampled = torch.zeros(num_resamples, num_problems, dtype=torch.float64)
-    resampled.scatter_add_(1, index, torch.ones_like(index, dtype=torch.float64))
-    return torch.cat([torch.ones(1, num_problems, dtype=torch.float64), resampled])
-
-
 def binned_kl(p_counts: torch.Tensor, q_counts: torch.Tensor, bins: int = DEFAULT_DRIFT_BINS) -> torch.Tensor:
     """KL(p || q) in nats between two token-count vectors coarsened to ``bins`` bins plus one for the rest.
 
@@ -131,38 +119,8 @@ def binned_kl(p_counts: torch.Tensor, q_counts: torch.Tensor, bins: int = DEFAUL
     return kl.masked_fill(empty, float("nan"))
 
 
-def _estimate(values: torch.Tensor, confidence: float, method: str, num_problems: int) -> dict:
-    """Row 0 of ``values`` is the point estimate, the rest its bootstrap replicates (NaN replicates dropped); the
-    interval is ``value +- z * sd(replicates)``.
-
-    Why not percentiles: these statistics depend on the effective sample size (KL's plug-in bias, the noise that
-    pulls the moved-back share towards one half), and a resample with replacement holds only about 63% distinct
-    problems, so the replicates are shifted against the point estimate; their spread still measures its noise.
-    """
-    from statistics import NormalDist
-
-    point, reps = float(values[0]), values[1:]
-    reps = reps[~torch.isnan(reps)]
-    if len(reps) > 1 and point == point:
-        half = NormalDist().inv_cdf((1.0 + confidence) / 2.0) * float(reps.std())
-        low, high = point - half, point + half
-    else:
-        low = high = float("nan")
-    return {
-        "value": point,
-        "ci_low": low,
-        "ci_high": high,
-        "confidence": confidence,
-        "ci_method": method,
-        "num_problems": num_problems,
-    }
-
-
 def _method(num_resamples: int, seed: int) -> str:
-    return (
-        f"normal interval, standard error from a bootstrap over problems ({num_resamples} resamples, seed {seed}), "
-        "paired with the null"
-    )
+    return normal_method(num_resamples, seed) + ", paired with the null"
 
 
 def drift(
@@ -186,9 +144,6 @@ def drift(
         base: ``[P][k]`` the base's solo completions of the same problems.
         bins: most frequent tokens kept as bins (default 100).
         prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` (default) for none.
-        confidence: interval level (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
-        seed: resampling seed (default 0).
 
     Returns:
         ``{"kl_nats", "null_kl_nats", "excess_nats"}`` (each an interval dict: ``value``, ``ci_low``,
@@ -205,7 +160,7 @@ def drift(
     _check_grouped("drift (base)", base, 2)
     if prefix_tokens is not None and prefix_tokens < 1:
         raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
-    weights = _weights(len(model), num_resamples, seed)
+    weights = resample_weights(len(model), num_resamples, seed)
     out = _drift_block(model, base, bins, weights, confidence, _method(num_resamples, seed))
     out["estimator"] = (
         f"KL of marginal token distributions coarsened to the {bins} most frequent tokens + 1 bin, pseudo-count "
@@ -243,9 +198,9 @@ def _drift_block(model, base, bins, weights, confidence, method) -> dict:
     arm, null, num_tokens, base_num_tokens = _kl_rows(model, base, bins, weights)
     problems = weights.shape[1]
     return {
-        "kl_nats": _estimate(arm, confidence, method, problems),
-        "null_kl_nats": _estimate(null, confidence, method, problems),
-        "excess_nats": _estimate(arm - null, confidence, method, problems),
+        "kl_nats": normal_interval(arm, confidence, method, problems),
+        "null_kl_nats": normal_interval(null, confidence, method, problems),
+        "excess_nats": normal_interval(arm - null, confidence, method, problems),
         "num_tokens": num_tokens,
         "base_num_tokens": base_num_tokens,
         "bins": bins,
@@ -279,7 +234,11 @@ def drift_difference(
         model_a: ``[P][k]`` solo completions (token ids) of the first model, ``k >= 2``.
         model_b: ``[P][k]`` of the second, the same problems in the same order.
         base: ``[P][k]`` the base's.
-        bins, prefix_tokens, confidence, num_resamples, seed: as for ``drift``.
+        bins: most frequent tokens kept as bins (default 100), as for ``drift``.
+        prefix_tokens: ``N >= 1`` for the by-position differences, or ``None`` (default).
+        confidence: interval level (default 0.95).
+        num_resamples: bootstrap resamples (default 1000).
+        seed: resampling seed (default 0; ``drift``'s seed gives its resamples).
 
     Returns:
         ``{"kl_nats": interval dict of a - b}``, with ``prefix_tokens`` also
@@ -294,12 +253,12 @@ def drift_difference(
         _check_grouped(f"drift_difference ({name})", groups, 2)
     if prefix_tokens is not None and prefix_tokens < 1:
         raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
-    weights = _weights(len(base), num_resamples, seed)
-    method = _method(num_resamples, seed).replace("paired with the null", "paired between the models")
+    weights = resample_weights(len(base), num_resamples, seed)
+    method = normal_method(num_resamples, seed) + ", paired between the models"
 
     def difference(a, b, reference) -> dict:
         arm_a, arm_b = _kl_rows(a, reference, bins, weights)[0], _kl_rows(b, reference, bins, weights)[0]
-        return {"kl_nats": _estimate(arm_a - arm_b, confidence, method, len(base))}
+        return {"kl_nats": normal_interval(arm_a - arm_b, confidence, method, len(base))}
 
     out = difference(model_a, model_b, base)
     if prefix_tokens is not None:
@@ -366,8 +325,6 @@ def moved_back(
         vocab_size: ``V``, the normalizer of the per-token pseudo-count.
         top_n: tokens selected at most (default 500, the paper's); fewer when fewer pass ``min_count``.
         min_count: fewest selection-sample occurrences of a candidate (default 10).
-        confidence: interval level (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
         seed: seed of the resampling and of the thinning (default 0).
 
     Returns:
@@ -394,7 +351,7 @@ def moved_back(
         "null": _subset(grpo, lambda i: i % 4 == 1),
     }
     counts = {name: _problem_counts(groups, ids) for name, groups in parts.items()}
-    weights = _weights(len(base), num_resamples, seed)
+    weights = resample_weights(len(base), num_resamples, seed)
     generator = torch.Generator().manual_seed(seed)
     arm_values, null_values, selected_ids, num_selected = [], [], [], 0
     for r, w in enumerate(weights):
@@ -420,9 +377,9 @@ def moved_back(
     null_t = torch.tensor(null_values, dtype=torch.float64)
     method, problems = _method(num_resamples, seed), len(base)
     return {
-        "fraction_moved_back": _estimate(arm_t, confidence, method, problems),
-        "null_fraction": _estimate(null_t, confidence, method, problems),
-        "excess": _estimate(arm_t - null_t, confidence, method, problems),
+        "fraction_moved_back": normal_interval(arm_t, confidence, method, problems),
+        "null_fraction": normal_interval(null_t, confidence, method, problems),
+        "excess": normal_interval(arm_t - null_t, confidence, method, problems),
         "num_selected": num_selected,
         "token_ids": selected_ids,
         "top_n": top_n,

@@ -4,14 +4,17 @@ length and the cap rate of a model's completions.
 Why: a model that learns a format reward by repeating ``\\boxed{`` drifts from the base and becomes *easier* for the
 junior to predict (repetition is predictable, not legible); these numbers make that visible. Each is a mean per
 completion, then per problem, with a percentile bootstrap interval over problems
-([`bootstrap_mean`][tandem_grpo.evaluation.metrics.bootstrap_mean]).
+([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]).
+
+``hack_detectors`` takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed,
+default 0).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .metrics import bootstrap_mean
+from .stats import bootstrap_mean
 
 REPEAT_N = 4
 """n of the repeated n-gram share."""
@@ -69,8 +72,6 @@ def hack_detectors(
         texts: ``[P][k]`` the decoded completions (special tokens skipped).
         max_new_tokens: the length cap; a completion is capped when it has that many tokens and no EOS.
         eos_token_ids: ids that end a completion.
-        confidence: interval level (default 0.95).
-        seed: bootstrap seed (default 0).
 
     Returns:
         ``{"repeated_4gram_share", "distinct_2", "boxed_share", "num_tokens", "cap_rate"}``, each an interval dict

@@ -143,33 +143,72 @@ def plot_pass_at_k_curve(results: dict, path: str | Path) -> Path:
     return Path(path)
 
 
+def _drift_value(entry: dict, part: str | None) -> tuple[float, float, float] | None:
+    """``(value, low, high)`` of a checkpoint's drift from the base, whole (``part=None``) or ``"first"``/``"rest"``:
+    ``drift_with_null.kl_nats``, else the smoothed ``drift.kl_to_base_nats`` of earlier results (no interval);
+    ``None`` when absent or NaN (nothing in that part)."""
+    with_null = entry.get("drift_with_null")
+    if with_null:
+        block = with_null if part is None else with_null.get("by_position", {}).get(part, {})
+        est = block.get("kl_nats")
+        if est and est["value"] is not None and est["value"] == est["value"]:
+            low, high = est["ci_low"], est["ci_high"]
+            usable = low is not None and low == low and high is not None and high == high
+            return (est["value"], low, high) if usable else (est["value"],) * 3
+        return None
+    old = entry.get("drift") or {}
+    value = (
+        old.get("kl_to_base_nats") if part is None else old.get("by_position", {}).get(part, {}).get("kl_to_base_nats")
+    )
+    return None if value is None or value != value else (value, value, value)
+
+
 def plot_drift(results: dict, path: str | Path) -> Path:
-    """Left: KL(checkpoint || base) of marginal token distributions, over whole completions and split into the first
-    N completion tokens and the rest. Right (with a GRPO checkpoint): each of GRPO's top-N shifted tokens as (GRPO
-    shift, tandem shift); points inside the grey band moved back toward the base."""
+    """Left: each checkpoint's drift from the base (KL, nats), whole and split into the first N completion tokens and
+    the rest, with intervals. Right, with a GRPO checkpoint: the share of GRPO's most-shifted tokens moved back and
+    its null (``moved_back``), or for earlier results the scatter of the smoothed ``drift_reversal``."""
     plt = _pyplot()
     checkpoints = results["checkpoints"]
     reversals = {n: c["drift_reversal"] for n, c in checkpoints.items() if c.get("drift_reversal")}
-    fig, axes = plt.subplots(1, 2 if reversals else 1, figsize=(11 if reversals else 6, 4), squeeze=False)
+    moved = {n: c["moved_back"] for n, c in checkpoints.items() if c.get("moved_back")}
+    right = bool(moved or reversals)
+    fig, axes = plt.subplots(1, 2 if right else 1, figsize=(11 if right else 6, 4), squeeze=False)
     ax = axes[0][0]
-    drifts = {n: c.get("drift", {}) for n, c in checkpoints.items()}
-    if results.get("grpo", {}).get("drift"):
-        drifts["GRPO"] = results["grpo"]["drift"]
-    prefix = next((d["by_position"]["prefix_tokens"] for d in drifts.values() if d.get("by_position")), None)
-
-    def kl(d: dict, part: str | None) -> tuple[float, float, float] | None:
-        value = (
-            d.get("kl_to_base_nats") if part is None else d.get("by_position", {}).get(part, {}).get("kl_to_base_nats")
-        )
-        return None if value is None or value != value else (value, value, value)  # NaN: nothing in that part
-
-    series = {"whole completion": [kl(d, None) for d in drifts.values()]}
+    drifts = dict(checkpoints)
+    if results.get("grpo", {}).get("drift_with_null") or results.get("grpo", {}).get("drift"):
+        drifts["GRPO"] = results["grpo"]
+    prefix = next(
+        (
+            block["by_position"]["prefix_tokens"]
+            for d in drifts.values()
+            for block in (d.get("drift_with_null") or d.get("drift") or {},)
+            if block.get("by_position")
+        ),
+        None,
+    )
+    series = {"whole completion": [_drift_value(d, None) for d in drifts.values()]}
     if prefix is not None:
-        series[f"first {prefix} tokens"] = [kl(d, "first") for d in drifts.values()]
-        series[f"after token {prefix}"] = [kl(d, "rest") for d in drifts.values()]
+        series[f"first {prefix} tokens"] = [_drift_value(d, "first") for d in drifts.values()]
+        series[f"after token {prefix}"] = [_drift_value(d, "rest") for d in drifts.values()]
     _bar_groups(ax, list(drifts), series, "KL(model || base), nats")
     ax.set_title("Marginal token distribution drift, by completion position", fontsize=9)
-    if reversals:
+    if moved:
+
+        def estimate(e: dict) -> tuple[float, float, float] | None:
+            return None if e["value"] is None else (e["value"], e["ci_low"], e["ci_high"])
+
+        _bar_groups(
+            axes[0][1],
+            list(moved),
+            {
+                "checkpoint": [estimate(m["fraction_moved_back"]) for m in moved.values()],
+                "null (GRPO vs itself)": [estimate(m["null_fraction"]) for m in moved.values()],
+            },
+            "share moved back",
+        )
+        axes[0][1].set_ylim(0, 1)
+        axes[0][1].set_title("GRPO's most-shifted tokens moved back toward the base", fontsize=9)
+    elif reversals:
         ax2 = axes[0][1]
         lim = 0.0
         for name, rev in reversals.items():
@@ -290,3 +329,65 @@ def write_report(results: dict, output_dir: str | Path, samples: Sequence[Sample
     results["outputs"] = {k: str(v) for k, v in paths.items()} | {"results": str(out / RESULTS_FILE)}
     paths["results"] = write_results_json(results, out / RESULTS_FILE)
     return {k: str(v) for k, v in paths.items()}
+
+
+# -------------------------------------------------------------------------------------------------- samples
+
+
+def sample_records(checkpoint, schedule, completions, authorship, correct, tokenizer, k, benchmarks) -> list[dict]:
+    """The ``samples.jsonl`` lines of one model's (or schedule's) ``P * k`` completions, problem-major: names,
+    benchmark, problem and sample index, verdict, token count, the senior's tokens, text, ``ids`` and per-token
+    ``authorship`` (1 = senior)."""
+    texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
+    return [
+        {
+            "checkpoint": checkpoint,
+            "schedule": schedule,
+            "benchmark": benchmarks[i // k],
+            "problem": i // k,
+            "sample": i % k,
+            "correct": bool(ok),
+            "num_tokens": len(ids),
+            "senior_tokens": int(sum(a)),
+            "text": text,
+            "ids": [int(t) for t in ids],
+            "authorship": list(a),
+        }
+        for i, (ids, a, ok, text) in enumerate(zip(completions, authorship, correct, texts, strict=True))
+    ]
+
+
+def attach_per_completion(records: list[dict], checkpoint: str, per_completion: dict) -> None:
+    """Write each solo completion's legibility values (``per_completion``, aligned with the rows) into its record."""
+    solo = [r for r in records if r["schedule"] == "solo" and r["checkpoint"] == checkpoint]
+    for metric in ("junior_cross_entropy", "overlap"):
+        values = per_completion.get(metric)
+        if values is not None:
+            for record, value in zip(solo, values, strict=True):
+                record[metric] = value
+
+
+def authorship_views(schedule_outputs: dict, records: list[dict], prompts, golds, tokenizer, k: int, shown: int):
+    """The [`SampleView`][tandem_grpo.evaluation.report.SampleView]s of ``samples.html``: per checkpoint (key of
+    ``schedule_outputs``, a list of schedule outputs), the first schedule's first ``shown`` problems (the
+    alternating protocol by default), then two problems of each of the next two schedules."""
+    from ..authorship import authorship_spans
+
+    by_row = {(r["checkpoint"], r["schedule"], r["problem"], r["sample"]): r for r in records}
+    n_show = min(shown, len(prompts))
+    views = []
+    for name, outputs in schedule_outputs.items():
+        for out, count in [(outputs[0], n_show)] + [(o, min(2, n_show)) for o in outputs[1:3]]:
+            for problem in range(count):
+                row = problem * k
+                views.append(
+                    SampleView(
+                        checkpoint=name,
+                        schedule=out.name,
+                        problem=prompts[problem][-1]["content"],
+                        gold=golds[problem],
+                        correct=by_row[(name, out.name, problem, 0)]["correct"],
+                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], tokenizer),
+                    )
+                )
+    return views

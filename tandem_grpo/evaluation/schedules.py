@@ -1,18 +1,14 @@
 """Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
 
-(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself (a coin
-    at every word boundary, junior with probability p), through the backend's
-    [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] (``tandem_generate`` or the tandem vLLM
-    engine), which returns a [`Rollout`][tandem_grpo.rollout.Rollout] as training's rollouts.
+(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself.
 (b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
-    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end. "Senior first" continues senior
-    completions with the junior; the mirror continues junior completions with the senior.
+    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end (senior first, and the mirror).
+(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's protocol (the
+    authors' ``eval/handoff.py``): senior first, then one reasoning step each, in one token budget.
 
-(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's handoff protocol
-    (the authors' ``eval/handoff.py``): the senior writes the first reasoning step, then the two models take turns,
-    one step each (a step ends at a blank line), in one shared token budget.
-
-Every schedule returns per-token authorship (1 = senior, 0 = junior), so what it promises can be checked.
+Every schedule returns per-token authorship (1 = senior, 0 = junior). Each is scored as solo capability
+([`solo`][tandem_grpo.evaluation.solo]), with who wrote what from
+[`authorship_shares`][tandem_grpo.evaluation.schedules.authorship_shares].
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ import torch
 from ..handoff import JUNIOR, SENIOR, HandoffRule
 from ..sampling import SamplingSettings
 from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length
+from .stats import bootstrap_mean, by_problem
 from .steps import handover_region
 
 
@@ -78,25 +75,10 @@ def word_handoff_schedule(
     seed: int = 0,
     desc: str = "tandem",
 ) -> ScheduleOutput:
-    """Schedule (a): co-generate with the training handoff rule (paper section 3): ``backend``'s model as the
-    senior, the run's junior, one
-    [`GenerationBackend.tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call
-    (``tandem_generate`` on the transformers backend, the tandem engine on vLLM).
-
-    Args:
-        backend: the senior's backend (a transformers one built with its ``junior``, or a
-            [`VLLMBackend`][tandem_grpo.evaluation.backends.VLLMBackend]).
-        prompts: token-id prompts (chat template applied); each row is generated once (repeat rows for k samples).
-        sampling: sampling settings (the ones training uses).
-        rule: the handoff rule, e.g. ``HandoffRule("word", 0.5)``.
-        max_new_tokens: completion length cap.
-        seed: the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``.
-        desc: progress-bar label.
-
-    Returns:
-        [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the authorship the rule recorded
-        and ``settings["backend"]``.
-    """
+    """Schedule (a): one [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call of the senior's
+    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row,
+    at most ``max_new_tokens``; the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``. Returns its
+    [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
     return ScheduleOutput(
         name=word_schedule_name(rule),
@@ -116,24 +98,13 @@ def _word_settings(rule: HandoffRule) -> dict:
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
-    """Where to cut ``ids`` so the first model keeps exactly the text before a separator region ``[start, end]``.
+    """The number ``0 < n <= len(ids)`` of leading tokens of ``ids`` (a completion without EOS) that the first
+    model keeps before the separator region ``[start, end]`` of
+    [`handover_region`][tandem_grpo.evaluation.steps.handover_region] (character offsets).
 
-    Token boundaries are the decoded lengths ``len(decode(ids[:n]))`` (special tokens kept, no clean-up). The cut
-    is the last boundary inside ``[start, end]``, so the second model writes all of the next step, including
-    its first word (often a token like ``" The"`` that carries a separator space). When a single token spans
-    the whole region (a token holding both the step's last characters and the newline), the cut is the first
-    boundary at or after ``end``, so step ``s`` is never split.
-
-    Args:
-        ids: the first completion's tokens, EOS removed.
-        tokenizer: the tokenizer that decodes ``ids``.
-        start: start of the separator region, from
-            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
-        end: end of the separator region, from
-            [`handover_region`][tandem_grpo.evaluation.steps.handover_region].
-
-    Returns:
-        The number of leading tokens that form the prefix (``0 < n <= len(ids)``).
+    Token boundaries are the decoded lengths ``len(decode(ids[:n]))`` (special tokens kept, no clean-up). The cut is
+    the last boundary inside the region, so the second model writes all of the next step, its first word included;
+    when one token spans the whole region, the first boundary at or after ``end``, so step ``s`` is never split.
     """
 
     def boundary(n: int) -> int:
@@ -185,19 +156,11 @@ def step_schedule(
 ) -> ScheduleOutput:
     """Schedule (b): the first model's first ``num_steps`` reasoning steps, then the other model to the end.
 
-    For each row, the first model's completion (e.g. its solo sample, so every ``s`` of a grid shares one set of first
-    drafts and the comparison across ``s`` is paired) is decoded without its EOS, split into steps by
-    [`handover_region`][tandem_grpo.evaluation.steps.handover_region] (blank lines, else lines), and its tokens up to
-    the separator after step ``num_steps`` are kept verbatim (no re-tokenization;
-    [`handover_token_index`][tandem_grpo.evaluation.schedules.handover_token_index] picks the cut). ``continuation``
-    then samples from ``prompt + prefix`` with a cap of ``max_new_tokens - len(prefix)`` tokens, so the whole
-    completion obeys the same length cap as a solo one.
-
-    Defined behaviour when ``num_steps`` is not smaller than the completion's step count (nothing left to hand over,
-    including empty completions): the first model's whole completion stands unchanged, authored entirely by the first
-    model, and the row's ``handed_over`` is ``False``;
-    [`ScheduleOutput.exhausted_fraction`][tandem_grpo.evaluation.schedules.ScheduleOutput.exhausted_fraction] reports
-    how often that happened.
+    Each row's first completion (e.g. the solo sample, so every ``s`` of a grid is paired) keeps its tokens up to the
+    separator after step ``num_steps`` verbatim
+    ([`handover_token_index`][tandem_grpo.evaluation.schedules.handover_token_index]); ``continuation`` samples
+    from ``prompt + prefix`` with the rest of the ``max_new_tokens`` budget. A row with ``num_steps`` steps or fewer
+    (nothing to hand over) stands unchanged, ``handed_over`` ``False``.
 
     Args:
         prompts: token-id prompts, one per row.
@@ -376,3 +339,26 @@ def alternating_schedule(
             "unfinished_rows": sum(not d for d in done),
         },
     )
+
+
+def authorship_shares(out: ScheduleOutput, k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
+    """Who wrote a schedule's ``P * k`` completions (problem-major), with bootstrap intervals over problems.
+
+    Returns:
+        ``{"senior_share": ..., "handed_over_share": ...}``, each an interval dict or ``None`` when no problem has a
+        value: per problem, the senior's share of its tokens (problems without tokens left out), and the share of
+        its rows that changed hands (``out.handed_over`` where the schedule has it, else both models wrote in the
+        row); then the mean over problems.
+    """
+    rows_handed = out.handed_over or [0 in a and 1 in a for a in out.authorship]
+    per_problem_share, per_problem_handed = [], []
+    for rows, handed in zip(by_problem(out.authorship, k), by_problem(rows_handed, k), strict=True):
+        tokens = sum(len(a) for a in rows)
+        if tokens:
+            per_problem_share.append(sum(sum(a) for a in rows) / tokens)
+        per_problem_handed.append(sum(map(bool, handed)) / len(handed))
+
+    def estimate(values: list[float]) -> dict | None:
+        return bootstrap_mean(values, confidence, seed=seed).to_dict() if values else None
+
+    return {"senior_share": estimate(per_problem_share), "handed_over_share": estimate(per_problem_handed)}

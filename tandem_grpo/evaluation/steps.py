@@ -51,19 +51,9 @@ def split_steps(text: str) -> list[str]:
 
 
 def handover_region(text: str, num_steps: int) -> tuple[int, int] | None:
-    """The separator between step ``num_steps`` and step ``num_steps + 1`` of ``text``, as ``(start, end)``.
-
-    ``start`` is where step ``num_steps`` ends and ``end`` where the next step begins; ``text[start:end]`` is the
-    whitespace (a blank line or a newline) between them. A handover anywhere in this region leaves the first
-    ``num_steps`` steps whole to the first model and the rest of the text to the second.
-
-    Args:
-        text: the first model's decoded completion.
-        num_steps: steps to keep, ``>= 1``.
-
-    Returns:
-        ``(start, end)``, or ``None`` when ``text`` has ``num_steps`` steps or fewer (nothing is left for a second
-        model to take over; the schedules then keep the whole completion).
+    """Character offsets ``(start, end)`` of the whitespace between step ``num_steps`` (``>= 1``) and the next of
+    ``text``: a handover anywhere in it leaves the first steps whole to the first model. ``None`` when ``text`` has
+    ``num_steps`` steps or fewer (nothing left to hand over).
 
     Raises:
         ValueError: ``num_steps < 1``.

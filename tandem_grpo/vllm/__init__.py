@@ -4,9 +4,10 @@ Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + froz
 [`processor`][tandem_grpo.vllm.processor] (the v1 logits processor that mixes them with
 [`tandem_grpo.handoff`][tandem_grpo.handoff]), [`worker`][tandem_grpo.vllm.worker] (RPCs),
 [`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
-[`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly), [`rollout`][tandem_grpo.vllm.rollout] (TRL
-integration), [`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here
-imports vLLM until it is used.
+[`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
+[`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),
+[`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here imports vLLM
+until it is used.
 """
 
 from ._compat import MIN_VLLM_VERSION, check_vllm

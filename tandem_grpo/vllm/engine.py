@@ -1,6 +1,6 @@
 """Building tandem vLLM engines and turning their outputs into a [`Rollout`][tandem_grpo.rollout.Rollout].
 
-Used by every entry point: TRL colocate mode ([`tandem_grpo.vllm.rollout`][tandem_grpo.vllm.rollout]), the server
+Used by every entry point: TRL colocate mode ([`trl_generation`][tandem_grpo.vllm.trl_generation]), the server
 ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]), the client
 ([`tandem_grpo.vllm.client`][tandem_grpo.vllm.client]), the tests and the benchmark.
 """
@@ -257,7 +257,7 @@ def generate_with_llm(
 ) -> Rollout:
     """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion): the training
     rollouts of colocate mode and every vLLM measurement of the evaluation
-    ([`TandemEngine`][tandem_grpo.evaluation.backends.TandemEngine]).
+    ([`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine]).
 
     Args:
         llm: a ``vllm.LLM`` built with [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs].

@@ -1,0 +1,416 @@
+"""Legibility to the junior (paper section 5.4): the junior's per-token cross-entropy on a senior's completions and
+the overlap of the two models' next-token distributions, averaged as the paper's authors do, with an interval over
+problems, a null and paired differences.
+
+Source of the averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one
+sampled completion) gets the mean over its tokens without its trailing EOS (they score the decoded text, which has
+none); a benchmark's figure is the plain mean of those per-CoT values; the headline is the macro average over
+benchmarks. CoTs with nothing left to score are skipped. Unlike the authors, nothing is dropped for length (they drop
+CoTs that overflow their 4096-token engine context).
+
+- **Estimator**: [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility] (per-CoT values) and
+  [`cot_mean`][tandem_grpo.evaluation.junior_legibility.cot_mean] (the mean over CoTs).
+- **Interval**: normal interval over bootstrap resamples of problems
+  ([`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval]); a problem drawn twice counts its CoTs
+  twice.
+- **Null**: the same statistic on the even-indexed samples of every problem minus the odd-indexed ones of the same
+  model: 0 in expectation, with about ``sqrt(2)`` times the spread of a difference between two samplings of ``k``.
+- **Paired difference** of two models on the same problems
+  ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both sides recomputed on
+  the same resamples, so what the problems share cancels.
+
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
+and ``num_resamples`` (default 1000).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+
+import torch
+
+from .stats import DEFAULT_NUM_RESAMPLES, by_problem, normal_interval, normal_method, resample_weights
+
+Grouped = Sequence[Sequence[float | None]]
+"""``[P][k]`` per-CoT values, problem-major; ``None`` (or NaN) marks a CoT that was not scored."""
+
+METRICS = ("junior_cross_entropy", "overlap")
+"""The two per-CoT figures: the junior's cross-entropy (nats/token) and the overlap (in [0, 1])."""
+
+
+def token_cross_entropy(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """float64 ``[B, T]`` ``-log softmax(logits)[target]`` in nats, for float ``[B, T, V]`` logits and long
+    ``[B, T]`` targets (on ``logits``' device)."""
+    logp = torch.log_softmax(logits.float(), dim=-1)
+    return -logp.gather(-1, targets.to(logits.device).unsqueeze(-1)).squeeze(-1).double()
+
+
+def token_overlap(logits_a: torch.Tensor, logits_b: torch.Tensor) -> torch.Tensor:
+    """float64 ``[B, T]`` overlap ``sum_v min(p_a(v), p_b(v))`` of ``p = softmax(logits)`` (temperature 1) for two
+    float ``[B, T, V]`` logits: 1 for identical distributions, 0 for disjoint supports (1 minus the total variation
+    distance)."""
+    # Accumulate in float64: a float32 sum over ~50k entries is off by ~1e-5.
+    return torch.minimum(torch.softmax(logits_a.float(), dim=-1), torch.softmax(logits_b.float(), dim=-1)).sum(
+        -1, dtype=torch.float64
+    )
+
+
+def pad_batch(
+    prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], pad_token_id: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Left-pad prompts and right-pad completions into one teacher-forcing batch.
+
+    Returns:
+        long ``(input_ids [B, P + T], attention_mask [B, P + T], completion_ids [B, T], completion_mask [B, T])``,
+        ``P`` the longest prompt, ``T`` the longest completion (at least 1), padded with ``pad_token_id``.
+    """
+    p_len = max(len(p) for p in prompts)
+    t_len = max(1, max(len(c) for c in completions))
+    ids, attn, comp, comp_mask = [], [], [], []
+    for p, c in zip(prompts, completions, strict=True):
+        p_pad, c_pad = p_len - len(p), t_len - len(c)
+        ids.append([pad_token_id] * p_pad + list(p) + list(c) + [pad_token_id] * c_pad)
+        attn.append([0] * p_pad + [1] * (len(p) + len(c)) + [0] * c_pad)
+        comp.append(list(c) + [pad_token_id] * c_pad)
+        comp_mask.append([1] * len(c) + [0] * c_pad)
+    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
+    return as_long(ids), as_long(attn), as_long(comp), as_long(comp_mask)
+
+
+def completion_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, num_completion: int
+) -> torch.Tensor:
+    """float ``[B, T, V]`` teacher-forced logits predicting the last ``T = num_completion`` tokens of ``input_ids``
+    (long ``[B, L]`` from [`pad_batch`][tandem_grpo.evaluation.junior_legibility.pad_batch]).
+
+    Position ids follow the attention mask (``cumsum - 1``) as ``generate`` does for left-padded prompts; only the
+    needed positions' logits are materialized (``logits_to_keep``).
+    """
+    position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+    device = next(model.parameters()).device
+    out = model(
+        input_ids=input_ids.to(device),
+        attention_mask=attention_mask.to(device),
+        position_ids=position_ids.to(device),
+        logits_to_keep=num_completion + 1,
+        use_cache=False,
+    )
+    return out.logits[:, :-1, :].float()
+
+
+def _trailing_eos_free_length(ids: Sequence[int], eos: set[int]) -> int:
+    """Length of ``ids`` without its trailing run of EOS ids."""
+    n = len(ids)
+    while n > 0 and int(ids[n - 1]) in eos:
+        n -= 1
+    return n
+
+
+@torch.no_grad()
+def legibility(
+    senior,
+    junior,
+    prompts: Sequence[Sequence[int]],
+    completions: Sequence[Sequence[int]],
+    pad_token_id: int,
+    batch_size: int = 4,
+    progress=None,
+    *,
+    eos_token_ids: Sequence[int],
+) -> dict:
+    """Junior cross-entropy on the senior's completions and senior/junior overlap, per CoT and averaged over CoTs.
+
+    Both models are teacher-forced on ``prompt + completion``; per completion token, the cross-entropy is
+    ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1.
+    Each CoT's figure is the mean over its tokens without its trailing EOS run (a completion cut at the length cap
+    has none and is scored whole); the headline is the plain mean of the per-CoT figures (module docstring).
+
+    Args:
+        senior: the model that wrote ``completions``; ``None`` skips the overlap.
+        junior: the frozen junior.
+        prompts: ``[N]`` prompt token ids (chat template applied).
+        completions: ``[N]`` completion ids, cut after EOS.
+        pad_token_id: filler id (masked out).
+        batch_size: sequences per forward pass (default 4).
+        progress: optional tqdm-like object; ``update(n)`` per batch.
+        eos_token_ids: ids left out of the per-CoT means when trailing; ``[]`` scores every token.
+
+    Returns:
+        ``{"junior_cross_entropy": float (nats/token, NaN when nothing was scored), "overlap": float or None,
+        "num_tokens": completion tokens with EOS, "num_scored_tokens": tokens without trailing EOS,
+        "num_completions": N, "num_scored", "num_skipped_empty", "per_completion": {"junior_cross_entropy": [N],
+        "overlap": [N] or None, "num_tokens": [N]}, "averaging": str}``; a skipped CoT's values are ``None``.
+
+    Raises:
+        ValueError: ``prompts`` and ``completions`` of different lengths, or logits widths that differ.
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
+    eos = {int(i) for i in eos_token_ids}
+    with_overlap = senior is not None
+    count = 0
+    cot_ce: list[float | None] = []
+    cot_overlap: list[float | None] = []
+    cot_tokens: list[int] = []
+    for start in range(0, len(prompts), batch_size):
+        batch_p = prompts[start : start + batch_size]
+        batch_c = completions[start : start + batch_size]
+        input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
+        t_len = comp.shape[1]
+        junior_logits = completion_logits(junior, input_ids, attn, t_len)
+        nll = token_cross_entropy(junior_logits, comp).cpu()
+        overlap = None
+        if with_overlap:
+            # The same module in both roles gives identical distributions: skip the second forward pass.
+            senior_logits = junior_logits if senior is junior else completion_logits(senior, input_ids, attn, t_len)
+            if senior_logits.shape[-1] != junior_logits.shape[-1]:
+                raise ValueError(
+                    f"senior and junior logits differ in width ({senior_logits.shape[-1]} vs "
+                    f"{junior_logits.shape[-1]}); they need one shared vocabulary."
+                )
+            overlap = token_overlap(senior_logits, junior_logits).cpu()
+            del senior_logits
+        del junior_logits
+        count += int(comp_mask.sum())
+        for row, c in enumerate(batch_c):
+            n = _trailing_eos_free_length(c, eos)
+            cot_tokens.append(n)
+            cot_ce.append(float(nll[row, :n].mean()) if n else None)
+            if overlap is not None:
+                cot_overlap.append(float(overlap[row, :n].mean()) if n else None)
+        if progress is not None:
+            progress.update(len(batch_p))
+    scored_ce = [v for v in cot_ce if v is not None]
+    scored_overlap = [v for v in cot_overlap if v is not None]
+    mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
+    return {
+        "junior_cross_entropy": mean(scored_ce),
+        "overlap": mean(scored_overlap) if with_overlap else None,
+        "num_tokens": count,
+        "num_scored_tokens": sum(cot_tokens),
+        "num_completions": len(completions),
+        "num_scored": len(scored_ce),
+        "num_skipped_empty": len(completions) - len(scored_ce),
+        "per_completion": {
+            "junior_cross_entropy": cot_ce,
+            "overlap": cot_overlap if with_overlap else None,
+            "num_tokens": cot_tokens,
+        },
+        "averaging": (
+            "mean over completions of each completion's per-token mean, trailing EOS excluded, empty completions "
+            "skipped (authors' eval/legibility.py)"
+        ),
+    }
+
+
+def _sums(groups: Grouped, keep=lambda i: True) -> tuple[torch.Tensor, torch.Tensor]:
+    """float64 ``[P]`` sums and counts of the scored values of every problem (samples whose index passes ``keep``)."""
+    sums, counts = [], []
+    for g in groups:
+        scored = [float(v) for i, v in enumerate(g) if keep(i) and v is not None and not math.isnan(float(v))]
+        sums.append(sum(scored))
+        counts.append(len(scored))
+    return torch.tensor(sums, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
+
+
+def _mean_over_cots(weights: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """``[1 + R]`` the mean over the CoTs of each (re)sample of problems; NaN where no CoT was scored."""
+    return (weights @ sums) / (weights @ counts)
+
+
+def _with_null(statistic, values: Grouped, confidence: float, method: str) -> tuple[dict, dict | None]:
+    """Interval dicts of ``statistic(keep)`` (``[1 + R]`` replicates over the samples whose index passes ``keep``) on
+    every sample, and of its even-minus-odd null (``None`` when a problem has fewer than 2 samples)."""
+    mean = normal_interval(statistic(lambda i: True), confidence, method, len(values))
+    if min(len(g) for g in values) < 2:
+        return mean, None
+    halves = statistic(lambda i: i % 2 == 0) - statistic(lambda i: i % 2 == 1)
+    return mean, normal_interval(halves, confidence, method, len(values))
+
+
+def _check(name: str, groups: Grouped, confidence: float) -> None:
+    if len(groups) == 0:
+        raise ValueError(f"{name}: no problems.")
+    if not 0.0 < confidence < 1.0:
+        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+
+
+def cot_mean(
+    values: Grouped,
+    *,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The authors' mean over CoTs of per-CoT values, its interval over problems, and the even/odd null.
+
+    Args:
+        values: ``[P][k]`` per-CoT values of one model (e.g. ``per_completion`` of
+            [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility] grouped by problem); ``None`` or NaN
+            entries are left out.
+
+    Returns:
+        ``{"mean": interval dict, "null_half_difference": interval dict or None (a problem with fewer than 2
+        samples), "num_problems": P, "num_scored", "num_skipped", "estimator"}``, in the units of ``values``.
+
+    Raises:
+        ValueError: no problems, or ``confidence`` outside (0, 1).
+    """
+    _check("cot_mean", values, confidence)
+    weights = resample_weights(len(values), num_resamples, seed)
+    mean, null = _with_null(lambda keep: _mean_over_cots(weights, *_sums(values, keep)), values, confidence,
+                            normal_method(num_resamples, seed))  # fmt: skip
+    counts = _sums(values)[1]
+    total = sum(len(g) for g in values)
+    return {
+        "mean": mean,
+        "null_half_difference": null,
+        "num_problems": len(values),
+        "num_scored": int(counts.sum()),
+        "num_skipped": total - int(counts.sum()),
+        "estimator": (
+            "mean over CoTs of the per-CoT mean (authors' eval/legibility.py); null: the same mean on each "
+            "problem's even-indexed samples minus its odd-indexed samples"
+        ),
+    }
+
+
+def paired_difference(
+    values_a: Grouped,
+    values_b: Grouped,
+    *,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """``mean(a) - mean(b)`` of two models' per-CoT values on the same problems (each side as in
+    [`cot_mean`][tandem_grpo.evaluation.junior_legibility.cot_mean]), both recomputed on the same resamples.
+
+    Args:
+        values_a: ``[P][k_a]`` per-CoT values of the first model (e.g. a checkpoint's).
+        values_b: ``[P][k_b]`` per-CoT values of the second (e.g. the junior's on its own samples), same problems.
+
+    Returns:
+        An interval dict plus ``"value_a"`` and ``"value_b"``, the two means, in the units of the values.
+
+    Raises:
+        ValueError: no problems, different problem counts, or ``confidence`` outside (0, 1).
+    """
+    _check("paired_difference", values_a, confidence)
+    if len(values_a) != len(values_b):
+        raise ValueError(f"paired_difference: {len(values_a)} problems for a but {len(values_b)} for b.")
+    weights = resample_weights(len(values_a), num_resamples, seed)
+    a = _mean_over_cots(weights, *_sums(values_a))
+    b = _mean_over_cots(weights, *_sums(values_b))
+    out = normal_interval(a - b, confidence, normal_method(num_resamples, seed) + ", paired", len(values_a))
+    return out | {"value_a": float(a[0]), "value_b": float(b[0])}
+
+
+def benchmark_means(values: Grouped, benchmarks: Sequence[str]) -> dict[str, float | None]:
+    """Each benchmark's figure as the authors compute it: the mean over the benchmark's scored CoTs.
+
+    Args:
+        values: ``[P][k]`` per-CoT values of one model over every benchmark's problems (``None`` or NaN: not scored).
+        benchmarks: ``[P]`` each problem's benchmark name.
+
+    Returns:
+        Benchmark name (in order of first appearance) to its mean, in the units of ``values``; ``None`` for a
+        benchmark with no scored CoT.
+
+    Raises:
+        ValueError: ``benchmarks`` not aligned with ``values``.
+    """
+    if len(benchmarks) != len(values):
+        raise ValueError(f"benchmark_means: {len(benchmarks)} benchmark names for {len(values)} problems.")
+    sums: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for name, group in zip(benchmarks, values, strict=True):
+        scored = [float(v) for v in group if v is not None and not math.isnan(float(v))]
+        sums[name] = sums.get(name, 0.0) + sum(scored)
+        counts[name] = counts.get(name, 0) + len(scored)
+    return {name: sums[name] / counts[name] if counts[name] else None for name in sums}
+
+
+def macro_average(by_benchmark: Mapping[str, float | None]) -> float | None:
+    """The authors' headline (``macro_ce``): the plain mean of the benchmarks' figures, ``None`` or NaN ones left
+    out; ``None`` when none has a figure."""
+    figures = [float(v) for v in by_benchmark.values() if v is not None and not math.isnan(float(v))]
+    return sum(figures) / len(figures) if figures else None
+
+
+def macro_mean(
+    values: Grouped,
+    benchmarks: Sequence[str],
+    *,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The authors' macro average ([`macro_average`][tandem_grpo.evaluation.junior_legibility.macro_average] of
+    [`benchmark_means`][tandem_grpo.evaluation.junior_legibility.benchmark_means]) with an interval and the
+    even/odd null, problems resampled within each benchmark (every resample keeps every benchmark).
+
+    Args:
+        values: ``[P][k]`` per-CoT values of one model over every benchmark's problems (``None`` or NaN: not
+            scored).
+        benchmarks: ``[P]`` each problem's benchmark name.
+        seed: resampling seed (default 0); benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
+
+    Returns:
+        ``{"mean": interval, "null_half_difference": interval or None, "benchmarks": [names]}``; a benchmark with
+        no scored CoT is left out of the average. ``mean.value`` equals ``macro_average(benchmark_means(...))``.
+
+    Raises:
+        ValueError: no problems, ``benchmarks`` not aligned with ``values``, or ``confidence`` outside (0, 1).
+    """
+    _check("macro_mean", values, confidence)
+    if len(benchmarks) != len(values):
+        raise ValueError(f"macro_mean: {len(benchmarks)} benchmark names for {len(values)} problems.")
+    names = list(dict.fromkeys(benchmarks))
+    groups = {b: [g for g, name in zip(values, benchmarks, strict=True) if name == b] for b in names}
+    weights = {b: resample_weights(len(groups[b]), num_resamples, seed + i) for i, b in enumerate(names)}
+
+    def macro(keep=lambda i: True) -> torch.Tensor:
+        means = torch.stack([_mean_over_cots(weights[b], *_sums(groups[b], keep)) for b in names])
+        return means.nanmean(dim=0)
+
+    method = normal_method(num_resamples, seed) + ", stratified by benchmark"
+    mean, null = _with_null(macro, values, confidence, method)
+    return {"mean": mean, "null_half_difference": null, "benchmarks": names}
+
+
+def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
+    """The ``results.json`` legibility block of one model: ``out`` (from
+    [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility]) with each metric's
+    [`cot_mean`][tandem_grpo.evaluation.junior_legibility.cot_mean] (``<metric>_with_null``), ``by_benchmark``
+    (each benchmark's mean, and with several benchmarks its own ``<metric>_with_null``) and ``macro`` (the headline
+    with [`macro_mean`][tandem_grpo.evaluation.junior_legibility.macro_mean]'s interval and null).
+
+    Args:
+        out: one model's legibility output over ``P * k`` completions, problem-major.
+        benchmarks: ``[P]`` each problem's benchmark name.
+        k: samples per problem.
+    """
+    stats = {"confidence": confidence, "seed": seed}
+    entry = dict(out)
+    names = list(dict.fromkeys(benchmarks))
+    per_cot = out["per_completion"]
+    grouped = {m: None if per_cot[m] is None else by_problem(per_cot[m], k) for m in METRICS}
+    by_benchmark: dict[str, dict] = {b: {} for b in names}
+    for metric, values in grouped.items():
+        # Over every CoT of the run: with several benchmarks a pooled figure, so each benchmark also gets its own.
+        entry[f"{metric}_with_null"] = None if values is None else cot_mean(values, **stats)
+        means = dict.fromkeys(names) if values is None else benchmark_means(values, benchmarks)
+        for b in names:
+            by_benchmark[b][metric] = means[b]
+            if values is not None and len(names) > 1:
+                rows = [g for g, name in zip(values, benchmarks, strict=True) if name == b]
+                by_benchmark[b][f"{metric}_with_null"] = cot_mean(rows, **stats)
+    entry["with_null_pooled_over_benchmarks"] = len(names) > 1
+    entry["by_benchmark"] = by_benchmark
+    entry["macro"] = {m: macro_average({b: v[m] for b, v in by_benchmark.items()}) for m in METRICS}
+    entry["macro"]["benchmarks"] = names
+    for metric, values in grouped.items():
+        entry["macro"][f"{metric}_with_null"] = None if values is None else macro_mean(values, benchmarks, **stats)
+    return entry

@@ -1,0 +1,138 @@
+"""Solo capability (paper section 5.1): pass@k and mean accuracy with intervals over problems, per benchmark and
+their macro average, and the pass@k curve with coverage.
+
+Estimator: the unbiased pass@k ([`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k]) averaged over problems;
+interval: percentile bootstrap over problems ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean],
+stratified by benchmark for the macro average). Handoff schedules are scored with the same functions. The curve and
+coverage go beyond the paper, after Su et al. (arXiv 2608.00220): RLVR can raise pass@1 while shrinking the set of
+problems solved at all.
+
+Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from .stats import bootstrap_mean, macro_bootstrap_mean, per_problem_pass_at_k
+
+DEFAULT_CURVE_MAX_K = 32
+"""Largest k of the pass@k curve ([`pass_at_k_curve`][tandem_grpo.evaluation.solo.pass_at_k_curve])."""
+
+
+def per_problem_accuracy(correct: Sequence[Sequence[bool]]) -> list[float]:
+    """Share of correct samples of each problem of ``[P][n]`` verdicts.
+
+    Raises:
+        ValueError: a problem with no samples.
+    """
+    out = []
+    for i, row in enumerate(correct):
+        if len(row) == 0:
+            raise ValueError(f"problem {i} has no samples; accuracy needs at least one.")
+        out.append(sum(bool(x) for x in row) / len(row))
+    return out
+
+
+def capability(correct: Sequence[Sequence[bool]], ks: Sequence[int], seed: int = 0, confidence: float = 0.95) -> dict:
+    """pass@k for each ``k`` of ``ks`` and mean accuracy, each with a bootstrap interval over problems.
+
+    Args:
+        correct: ``[P][n]`` per-sample verdicts.
+        ks: the k values, each ``<= n``.
+
+    Returns:
+        ``{"pass@k": interval dict, ..., "mean_accuracy": interval dict, "num_samples": n,
+        "correct_per_problem": [c_i]}``.
+
+    Raises:
+        ValueError: no problems, or a ``k`` larger than a problem's sample count.
+    """
+    if len(correct) == 0:
+        raise ValueError("No problems to score: the dataset is empty.")
+    out: dict = {}
+    for k in ks:
+        out[f"pass@{k}"] = bootstrap_mean(per_problem_pass_at_k(correct, k), confidence, seed=seed).to_dict()
+    out["mean_accuracy"] = bootstrap_mean(per_problem_accuracy(correct), confidence, seed=seed).to_dict()
+    out["num_samples"] = len(correct[0])
+    out["correct_per_problem"] = [int(sum(bool(x) for x in row)) for row in correct]
+    return out
+
+
+def capability_by_benchmark(
+    correct: Sequence[Sequence[bool]],
+    benchmarks: Sequence[str],
+    ks: Sequence[int],
+    seed: int = 0,
+    confidence: float = 0.95,
+) -> dict:
+    """[`capability`][tandem_grpo.evaluation.solo.capability] of each benchmark and their macro average (the
+    authors' headline, CSSLab/Tandem-RLVR ``eval/common.py`` ``metrics_by_set``).
+
+    Args:
+        correct: ``[P][n]`` per-sample verdicts, the problems of every benchmark together.
+        benchmarks: ``[P]`` each problem's benchmark name.
+        ks: the k values, each ``<= n``.
+
+    Returns:
+        ``{"by_benchmark": {name: capability dict}, "macro": {"pass@k": interval dict, ..., "mean_accuracy",
+        "benchmarks", "averaging"}}``, benchmarks in order of first appearance; macro intervals from
+        [`macro_bootstrap_mean`][tandem_grpo.evaluation.stats.macro_bootstrap_mean] (with one benchmark they equal
+        the pooled ones).
+
+    Raises:
+        ValueError: ``benchmarks`` not aligned with ``correct``, no problems, or a ``k`` over a sample count.
+    """
+    if len(benchmarks) != len(correct):
+        raise ValueError(f"{len(benchmarks)} benchmark names for {len(correct)} problems.")
+    grouped: dict[str, list[Sequence[bool]]] = {}
+    for name, row in zip(benchmarks, correct, strict=True):
+        grouped.setdefault(name, []).append(row)
+    by_benchmark = {name: capability(rows, ks, seed=seed, confidence=confidence) for name, rows in grouped.items()}
+    macro: dict = {}
+    for k in ks:
+        per_problem = {name: per_problem_pass_at_k(rows, k) for name, rows in grouped.items()}
+        macro[f"pass@{k}"] = macro_bootstrap_mean(per_problem, confidence, seed=seed).to_dict()
+    accuracy = {name: per_problem_accuracy(rows) for name, rows in grouped.items()}
+    macro["mean_accuracy"] = macro_bootstrap_mean(accuracy, confidence, seed=seed).to_dict()
+    macro["benchmarks"] = list(grouped)
+    macro["averaging"] = (
+        "plain mean over benchmarks of each benchmark's mean over its problems (authors' eval/common.py "
+        "metrics_by_set); interval: percentile bootstrap over problems stratified by benchmark"
+    )
+    return {"by_benchmark": by_benchmark, "macro": macro}
+
+
+def pass_at_k_curve(
+    correct: Sequence[Sequence[bool]], max_k: int = DEFAULT_CURVE_MAX_K, seed: int = 0, confidence: float = 0.95
+) -> dict:
+    """pass@k for every k from 1 to ``min(max_k, n)``, and coverage (share of problems with a correct sample among
+    all ``n``, i.e. pass@n), each with a bootstrap interval over problems.
+
+    Args:
+        correct: ``[P][n]`` per-sample verdicts; ``n`` is the smallest sample count of any problem.
+        max_k: the curve's last k, ``>= 1`` (default 32).
+
+    Returns:
+        ``{"k": [1..K], "pass_at_k": [interval dict per k], "coverage": interval dict, "num_samples": n,
+        "max_k": max_k}`` with ``K = min(max_k, n)``.
+
+    Raises:
+        ValueError: no problems, a problem without samples, ``max_k < 1`` or ``confidence`` outside (0, 1).
+    """
+    if len(correct) == 0:
+        raise ValueError("No problems to score: the dataset is empty.")
+    if max_k < 1:
+        raise ValueError(f"max_k={max_k!r} must be >= 1.")
+    n = min(len(row) for row in correct)
+    if n < 1:
+        raise ValueError("pass_at_k_curve needs at least one sample per problem.")
+    ks = list(range(1, min(max_k, n) + 1))
+    covered = [float(any(bool(x) for x in row)) for row in correct]
+    return {
+        "k": ks,
+        "pass_at_k": [bootstrap_mean(per_problem_pass_at_k(correct, k), confidence, seed=seed).to_dict() for k in ks],
+        "coverage": bootstrap_mean(covered, confidence, seed=seed).to_dict(),
+        "num_samples": n,
+        "max_k": max_k,
+    }
