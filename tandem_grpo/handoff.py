@@ -1,55 +1,19 @@
 """The handoff rule: who writes the next token of a tandem completion. One implementation, shared by every backend.
 
-Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 3 (tandem rollouts).
-Two rules are implemented; ``HandoffRule.mode`` picks one.
-
-``"after_boundary"`` (default; the paper authors' rule, CSSLab/Tandem-RLVR ``vllm_source/vllm/v1/sample/
-tandem_sampler.py``, ``word`` strategy): the active model samples the next token from its own full distribution.
-Right *after* it emits a boundary token, a coin draws the author of the next token (junior with probability
-``junior_probability``); so does the first completion token, and a unit that has lasted ``max_gap_tokens`` tokens.
-The boundary token stays with the author who wrote it. Boundary tokens per granularity:
-
-- ``"word"``: tokens whose text starts with a space (byte-level BPE's ``Ġ``, SentencePiece's ``▁``); newline and EOS
-  are not boundaries (the authors' ``build_word_boundary_ids.py``);
-- ``"sentence"``: tokens whose text ends with ``.``, ``!``, ``?`` or a newline;
-- ``"token"``: every token (a coin per token).
-
-Authorship is then a function of the prefix and the coins alone, so the trajectory's probability factors into the
-coins times ``p_s(x_t)`` on the senior's tokens times ``p_j(x_t)`` on the junior's: masking the junior's tokens gives
-the exact policy gradient.
-
-``"whole_unit"`` (tandem-grpo 0.1's rule): each unit (a word, a sentence) is written by one author. At each position
-the set ``B`` of tokens that would *start a new unit* is
-
-- ``"word"``: tokens whose text starts with whitespace (this includes newlines), and EOS;
-- ``"sentence"``: every token when the previous token ended with ``.``, ``!``, ``?`` or a newline; otherwise EOS;
-- ``"token"``: every token;
-- any granularity: every token at the first completion position, and once the running unit has lasted
-  ``max_gap_tokens`` tokens.
-
-Sample ``x`` from the current owner ``o``; if ``x`` is in ``B`` and the pre-drawn next owner ``n != o``, replace ``x``
-by a sample from ``n`` restricted to ``B``; ``x`` in ``B`` passes the unit to ``n``. That is one draw from the mixture
+Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166), section 3. ``HandoffRule.mode``
+picks ``"after_boundary"`` (default; the paper authors' rule, CSSLab/Tandem-RLVR ``tandem_sampler.py``, ``word``
+strategy) or ``"whole_unit"``. Both are one mixture of the current owner ``o`` and the pre-drawn next owner ``n``
+over the set ``B`` of unit-starting tokens:
 
     P(x) = p_o(x)                       for x not in B
     P(x) = p_o(B) * p_n(x) / p_n(B)     for x in B        (P = p_o when n == o)
 
-and the author of ``x`` is a function of ``x``. The senior's factor of ``P`` is not ``p_s(x)`` at a handoff: it is
-``p_s(x) / p_s(B)`` where the senior takes a unit over and ``p_s(B)`` where it hands one to the junior. The exact
-per-token score terms ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]) carry those
-``log p_s(B)`` terms, with coefficients from [`replay`][tandem_grpo.handoff.replay]; where ``B`` is every token
-(forced decisions, the ``"token"`` granularity) ``log p_s(B) = 0``.
-
-Both rules are this one mixture with different ``B``: under ``"after_boundary"`` ``B`` is every token at a position
-that draws a coin and empty elsewhere, so ``P = p_n`` there and ``P = p_o`` elsewhere. That is why one
-[`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs] (what a sampler draws from; a vLLM logits processor hands
-it to vLLM's sampler unchanged) and one [`advance`][tandem_grpo.handoff.advance] (authorship from the sampled tokens)
-serve both. With a junior that equals the senior, ``P = p`` exactly: self-paired tandem rollouts are distributed like
-solo rollouts under either rule.
-
-Coins are counter-based: the owner of unit ``k`` of a sequence with seed ``s`` is a hash of ``(s, k)``
-([`draw_owners`][tandem_grpo.handoff.draw_owners]), so authorship can be rebuilt from the seed and the tokens
-([`replay`][tandem_grpo.handoff.replay]) and does not depend on batch composition or on which backend generated the
-text.
+so one [`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs] and one [`advance`][tandem_grpo.handoff.advance]
+serve both. Under ``"whole_unit"`` the senior's exact terms carry ``log p_s(B)`` at handoffs
+([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]). Coins are counter-based
+([`draw_owners`][tandem_grpo.handoff.draw_owners]), so authorship is rebuilt from seeds and tokens
+([`replay`][tandem_grpo.handoff.replay]). The boundary sets of each rule and granularity, and why the loss is the
+exact policy gradient: docs/method.md, "The two handoff rules".
 """
 
 from __future__ import annotations
@@ -79,9 +43,8 @@ class HandoffRule:
         granularity: ``"token"``, ``"word"`` (default) or ``"sentence"``: what a unit is.
         junior_probability: chance in [0, 1] that a new unit is written by the junior; 0 = senior alone.
         max_gap_tokens: a unit that has lasted this many tokens (>= 1) forces a handoff decision.
-        mode: ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary token, every token
-            from its author's own distribution) or ``"whole_unit"`` (each unit written by one author; the senior's
-            loss then carries the ``log p_s(B)`` terms of the module docstring).
+        mode: ``"after_boundary"`` (default; the paper authors' rule) or ``"whole_unit"`` (each unit written by
+            one author; see docs/method.md, "The two handoff rules").
 
     Raises:
         ValueError: a value outside its range, naming the field.
@@ -97,9 +60,8 @@ class HandoffRule:
 
     @classmethod
     def from_config(cls, config) -> HandoffRule:
-        """The rule of any object with the fields ``handoff_granularity``, ``junior_probability``,
-        ``max_gap_tokens`` and ``handoff_mode`` (a ``TandemGRPOConfig``, the evaluation command's ``HandoffFlags``; a
-        missing ``handoff_mode`` is the default): the one way to build it from a config.
+        """The rule of a config with ``handoff_granularity``, ``junior_probability``, ``max_gap_tokens`` and
+        (optional, default ``"after_boundary"``) ``handoff_mode``, e.g. ``TandemGRPOConfig`` or ``HandoffFlags``.
 
         Raises:
             ValueError: a value outside its range, naming the field (checked before any conversion).
@@ -153,13 +115,9 @@ class BoundaryTables:
 
     @classmethod
     def from_tokenizer(cls, tokenizer, vocab_size: int, eos_token_ids: list[int]) -> BoundaryTables:
-        """Build the tables for the ids a model with ``vocab_size`` logits can write that the tokenizer knows: the
-        first ``V = min(len(tokenizer), vocab_size)`` ids. Every backend cuts the logits to these ``V`` columns
-        before mixing, so the rows a checkpoint pads its embeddings with (e.g. 151936 or 152064 rows for Qwen's
-        151665 tokens) are never sampled, and two models whose widths differ only by padding can be mixed.
-
-        Token texts come from decoding each id alone; SentencePiece marks a leading space with ``▁``, which
-        ``decode`` drops, so the raw token string is checked for it too. EOS ids ``>= V`` are left out.
+        """Tables for the first ``V = min(len(tokenizer), vocab_size)`` ids; every backend cuts logits to these
+        ``V`` columns, so embedding padding rows are never sampled. EOS ids ``>= V`` are left out. A leading ``▁``
+        (dropped by ``decode``) is read from the raw token string.
         """
         n = min(len(tokenizer), vocab_size)
         texts = tokenizer.batch_decode([[i] for i in range(n)], clean_up_tokenization_spaces=False)
@@ -211,8 +169,7 @@ class HandoffState:
 
 
 def _fmix32(h: torch.Tensor) -> torch.Tensor:
-    # MurmurHash3's 32-bit finalizer on int64 tensors; masking keeps every value in [0, 2^32), so the shifts are
-    # logical and a product's wrap-around in int64 leaves the low 32 bits right.
+    # MurmurHash3's 32-bit finalizer on int64; the mask keeps values in [0, 2^32) so shifts are logical.
     h = h ^ (h >> 16)
     h = (h * 0x85EBCA6B) & _MASK32
     h = h ^ (h >> 13)
@@ -221,10 +178,8 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def draw_owners(seeds: torch.Tensor, unit_index: torch.Tensor, junior_probability: float) -> torch.Tensor:
-    """Owner of unit ``unit_index`` of each sequence: ``JUNIOR`` with probability ``junior_probability``.
-
-    A counter-based coin: ``u = hash(seed, unit_index) / 2**32`` and the unit is the junior's iff
-    ``u < junior_probability``. Deterministic per (seed, unit), independent across units and seeds.
+    """Owner of unit ``unit_index`` of each sequence: ``JUNIOR`` iff ``hash(seed, unit_index) / 2**32 <
+    junior_probability``; deterministic per (seed, unit), independent across units and seeds.
 
     Args:
         seeds: long ``[B]``, the coin-stream seed of each sequence.
@@ -240,8 +195,7 @@ def draw_owners(seeds: torch.Tensor, unit_index: torch.Tensor, junior_probabilit
 
 
 def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
-    """State before the first completion token. The first token always draws a coin, so the initial ``owner``
-    never writes anything; the first unit is written by ``draw_owners(seeds, 0)``."""
+    """State before the first completion token; the first unit is written by ``draw_owners(seeds, 0)``."""
     seeds = seeds.long()
     zeros = torch.zeros_like(seeds)
     return HandoffState(
@@ -255,10 +209,7 @@ def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
 
 
 def _unit_starts(state: HandoffState, tables: BoundaryTables, rule: HandoffRule) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(table, forced)``: ``B`` is ``table[v] | forced[row]`` — the one definition of a boundary.
-
-    ``"after_boundary"``: ``B`` never depends on the token (``table`` is empty); a coin position has ``B`` = every
-    token."""
+    """``(table, forced)``: ``B`` is ``table[v] | forced[row]``; ``table`` is empty under ``"after_boundary"``."""
     forced = (state.unit_length == 0) | (state.unit_length >= rule.max_gap_tokens)
     if rule.mode == "after_boundary":
         return torch.zeros_like(tables.is_eos), forced | state.after_boundary
@@ -267,8 +218,7 @@ def _unit_starts(state: HandoffState, tables: BoundaryTables, rule: HandoffRule)
 
 def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
     """The token-dependent part of ``B`` under ``"whole_unit"``, bool ``[V]``: ``starts_word`` (word), EOS
-    (sentence: elsewhere a sentence start is forced by the previous token), every id (token). ``B`` at a position
-    that is not forced is exactly this set, which is what the senior's ``log p_s(B)`` term sums over.
+    (sentence), every id (token); ``B`` at an unforced position, what ``log p_s(B)`` sums over.
 
     Raises:
         ValueError: ``rule.mode`` is not ``"whole_unit"`` (the other rule's ``B`` is empty or everything).
@@ -283,7 +233,6 @@ def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
 def _ends_unit(tokens: torch.Tensor, tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
     """Whether each token makes the *next* position a forced unit start (``after_boundary`` of the next state)."""
     if rule.mode == "whole_unit":
-        # Only sentences are decided by the previous token; words and tokens by the token itself (the table).
         ends = tables.ends_sentence[tokens]
         return ends if rule.granularity == "sentence" else torch.zeros_like(ends)
     if rule.granularity == "word":
@@ -307,23 +256,19 @@ def mixture_logprobs(
     *,
     rows: Literal["detect", "masked", "none"] = "detect",
 ) -> torch.Tensor:
-    """Log-probabilities of the tandem mixture ``P`` (module docstring) for the current position.
-
-    Truncation (top-k/top-p/min-p) is applied to the mixture afterwards, not to the inputs, so that ``n`` always has
-    mass on ``B``. ``boundary`` is the set ``B`` that [`boundary_mask`][tandem_grpo.handoff.boundary_mask] returns.
+    """Log-probabilities of the tandem mixture ``P`` (module docstring) at the current position; truncation
+    (top-k/top-p/min-p) comes after, on the mixture.
 
     Args:
-        senior_logprobs: float ``[B, V]``, normalized log-probabilities of the senior after the per-model sampling
-            transforms (temperature, repetition penalty).
-        junior_logprobs: float ``[B, V]``, normalized log-probabilities of the junior after the same transforms.
+        senior_logprobs: float ``[B, V]``, the senior's normalized log-probabilities after temperature and
+            repetition penalty.
+        junior_logprobs: float ``[B, V]``, the junior's, after the same transforms.
         state: the rule state before this position.
-        boundary: bool ``[B, V]`` from ``boundary_mask``.
-        rows: how the rows reshaped on ``B`` ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]) are found.
-            ``"detect"`` (default): checked for NaN and selected on the host (host syncs), the work done on those rows
-            alone. ``"masked"``: no host sync and no NaN check (the caller checks,
-            [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]); the reshaping is computed on every row and
-            selected per row. ``"none"``: the caller knows no row is reshaped (``"after_boundary"``: ``B`` is empty
-            or every token), no host sync and no NaN check. Each row's value is the same formula in every mode.
+        boundary: bool ``[B, V]`` from [`boundary_mask`][tandem_grpo.handoff.boundary_mask].
+        rows: how the rows reshaped on ``B`` ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]) are found; same
+            values in every mode. ``"detect"`` (default): NaN check and row selection on the host (syncs).
+            ``"masked"``: no sync, no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]),
+            reshaping computed on every row. ``"none"``: no row is reshaped (``"after_boundary"``), no sync or check.
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
@@ -335,9 +280,7 @@ def mixture_logprobs(
     if rows == "detect":
         require_finite_logprobs(senior_logprobs, "senior")
         require_finite_logprobs(junior_logprobs, "junior")
-    # Where B is every token, P = p_n: the next owner writes from its own distribution (every coin position of
-    # "after_boundary", forced decisions of "whole_unit"). Selected, not computed through the formula below, so that
-    # a self-paired tandem draws from exactly the senior's numbers.
+    # Where B is every token, P = p_n: selected, not computed, so a self-paired tandem draws the senior's numbers.
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
@@ -349,8 +292,7 @@ def mixture_logprobs(
         return torch.where(switching.unsqueeze(1), _reshape_on_boundary(o_lp, n_lp, boundary), o_lp)
     if not bool(switching.any()):
         return o_lp
-    # Only rows whose next owner differs from the current one are reshaped on B; the full-vocabulary work below
-    # runs on those rows alone (about half of them at junior_probability 0.5).
+    # The full-vocabulary work runs on the switching rows alone.
     rows = switching.nonzero().squeeze(1)
     o_sw = o_lp.index_select(0, rows)
     n_is_senior = (state.next_owner.index_select(0, rows) == SENIOR).unsqueeze(1)
@@ -368,15 +310,13 @@ def _reshape_on_boundary(o_lp: torch.Tensor, n_lp: torch.Tensor, boundary: torch
 
 
 def nonfinite_flags(senior_logprobs: torch.Tensor, junior_logprobs: torch.Tensor) -> torch.Tensor:
-    """bool ``[2]`` on the inputs' device: whether the senior's, the junior's log-probabilities hold NaN. The
-    device-side form of the check ``mixture_logprobs(..., rows="detect")`` makes on the host; a caller that must not
-    synchronize accumulates these and raises with [`raise_nonfinite`][tandem_grpo.handoff.raise_nonfinite] later."""
+    """bool ``[2]`` on the inputs' device: whether the senior's, the junior's log-probabilities hold NaN; the
+    sync-free check, raised later by [`raise_nonfinite`][tandem_grpo.handoff.raise_nonfinite]."""
     return torch.stack([torch.isnan(senior_logprobs).any(), torch.isnan(junior_logprobs).any()])
 
 
 def raise_nonfinite(flags: torch.Tensor) -> None:
-    """Raise ``FloatingPointError`` (as ``mixture_logprobs`` does) if ``flags`` (from ``nonfinite_flags``, possibly
-    OR-ed over steps) says a model's log-probabilities held NaN. One host sync."""
+    """Raise ``FloatingPointError`` if ``flags`` (``nonfinite_flags``, maybe OR-ed over steps) shows NaN; one sync."""
     senior_bad, junior_bad = flags.tolist()
     if senior_bad:
         require_finite_logprobs(torch.tensor([float("nan")]), "senior")
@@ -385,9 +325,8 @@ def raise_nonfinite(flags: torch.Tensor) -> None:
 
 
 def handoff_rows(state: HandoffState, boundary: torch.Tensor) -> torch.Tensor:
-    """Rows whose next token may change the owner within a proper, non-empty ``B`` (``"whole_unit"`` only), bool
-    ``[B]``: the only rows where the mixture differs from one model's distribution, and where the senior's score term
-    carries ``log p_s(B)``. ``boundary`` is ``boundary_mask``'s ``[B, V]``."""
+    """bool ``[B]``: rows whose next token may change the owner within a proper, non-empty ``B`` (``"whole_unit"``
+    only), the only rows where ``P`` differs from one model's distribution. ``boundary``: ``boundary_mask``'s."""
     return (state.owner != state.next_owner) & ~boundary.all(dim=-1) & boundary.any(dim=-1)
 
 
@@ -422,10 +361,8 @@ def boundary_coefficients(
 ) -> torch.Tensor:
     """Coefficient of ``log p_s(B)`` in the senior's exact score term of the token just drawn, long ``[B]``.
 
-    ``-1`` where the senior takes a unit over from the junior (its factor is ``p_s(x) / p_s(B)``), ``+1`` where it
-    hands a unit to the junior (its factor is ``p_s(B)``), ``0`` elsewhere: inside units, where the owner does not
-    change, and wherever ``B`` is every token (``log p_s(B) = 0``: every position of ``"after_boundary"``, forced
-    decisions, the ``"token"`` granularity).
+    ``-1`` where the senior takes a unit over, ``+1`` where it hands one to the junior, ``0`` elsewhere (including
+    wherever ``B`` is every token, so always under ``"after_boundary"``).
 
     Args:
         state: the rule state *before* the token (what ``advance`` was given).
@@ -447,10 +384,9 @@ class HandoffTrace:
 
     Attributes:
         authorship: long, 1 where the senior wrote the token, 0 where the junior did (the authorship mask).
-        unit_starts: bool, the token began a new unit (a handoff decision was taken there).
-        boundary_coef: long in {-1, 0, 1}, the coefficient of ``log p_s(B)`` in the senior's term of the token
-            ([`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients]); all 0 under
-            ``"after_boundary"``.
+        unit_starts: bool, the token began a new unit.
+        boundary_coef: long in {-1, 0, 1}, see
+            [`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients]; all 0 under ``"after_boundary"``.
     """
 
     authorship: torch.Tensor
@@ -499,8 +435,7 @@ def boundary_logprobs(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor
     """``log p(B)`` for each row: the log of the mass a distribution puts on the token set ``B``.
 
     Args:
-        logprobs: float ``[N, V]``, normalized log-probabilities (or logits: the result is then
-            ``logsumexp(B) - logsumexp(V)`` all the same, since it normalizes itself).
+        logprobs: float ``[N, V]``, log-probabilities or logits (the result normalizes itself).
         ids: bool ``[V]``, the set ``B`` ([`unit_start_ids`][tandem_grpo.handoff.unit_start_ids]).
 
     Returns:
@@ -516,13 +451,9 @@ def senior_token_terms(
     authorship: torch.Tensor,
     boundary_coef: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The senior's per-token score terms: summed over a completion, ``log`` of the senior's factor of the
-    trajectory's probability, so that ``reward * grad(sum of terms)`` is an unbiased policy-gradient estimate.
-
-    term = ``authorship * log p_s(x_t) + boundary_coef * log p_s(B_t)``: ``log p_s(x)`` inside the senior's units,
-    ``log p_s(x) - log p_s(B)`` where it takes a unit over, ``log p_s(B)`` where it hands one to the junior (that
-    token is the junior's, and still carries a senior term). The trainer puts these terms where TRL uses the
-    per-token log-probs (current, old, reference and sampling), and ``mask`` where it uses the completion mask.
+    """The senior's per-token score terms ``authorship * log p_s(x_t) + boundary_coef * log p_s(B_t)``: summed, the
+    log of the senior's factor of the trajectory's probability (docs/method.md, "Why the loss is the exact policy
+    gradient"). The trainer uses them as TRL's per-token log-probs and ``mask`` as its completion mask.
 
     Args:
         token_logprobs: float ``[..., T]``, ``log p_s(x_t)`` of every token (any value on junior tokens).
