@@ -1,20 +1,7 @@
 """What every backend must agree on when it samples a tandem completion: the sampling settings, the truncation of
-the mixture, the EOS ids, and how seeds are derived ([`derive_seed`][tandem_grpo.sampling.derive_seed], the one seed
-function of training and evaluation).
-
-The transformers loop ([`tandem_grpo.generation`][tandem_grpo.generation]), the vLLM logits processor
-([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]), the vLLM client and the evaluation suite all take them
-from here, so two backends cannot sample from different distributions or stop at different tokens.
-
-Where each setting acts (paper section 3; the mixture is
-[`tandem_grpo.handoff.mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]):
-
-- ``temperature`` and ``repetition_penalty`` act on each model's logits before mixing (each backend applies them
-  the way its own sampler does, so that a self-paired tandem samples exactly like the model alone);
-- ``top_k``, ``top_p`` and ``min_p`` truncate the *mixture*, in that order
-  ([`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs]), so the next owner always keeps mass on the handoff
-  set. top-p and min-p do not commute; the order is the one of transformers'
-  ``generate`` (top-k, then top-p, then min-p).
+the mixture, the EOS ids and the seeds. The transformers loop, the vLLM logits processor, the vLLM client and the
+evaluation suite all take them from here. ``temperature`` and ``repetition_penalty`` act on each model's logits
+before mixing; ``top_k``, ``top_p``, ``min_p`` truncate the mixture (docs/method.md, "Sampling").
 """
 
 from __future__ import annotations
@@ -28,11 +15,8 @@ import torch
 
 
 def derive_seed(base: int, *parts: object) -> int:
-    """A 63-bit seed from a base seed and the coordinates of one random stream; the package's one seed function.
-
-    The seed is BLAKE2b (8 bytes) of ``repr((int(base), *parts))``: a pure function of its arguments, so nearby
-    coordinates give unrelated seeds and two coordinate tuples never collide by arithmetic (as ``seed + step`` would).
-    Training's streams ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]) and every evaluation draw use it.
+    """A 63-bit seed from a base seed and a stream's coordinates: BLAKE2b (8 bytes) of ``repr((int(base), *parts))``,
+    so nearby coordinates give unrelated seeds. The package's one seed function (training and evaluation).
 
     Args:
         base: the run's seed (any int).
@@ -42,7 +26,7 @@ def derive_seed(base: int, *parts: object) -> int:
     Returns:
         An int in ``[0, 2**63)``; coin seeds keep its low 31 bits.
     """
-    # numpy and torch integers print differently from ints: one coordinate, one seed, whatever its type.
+    # numpy/torch integers repr differently from ints.
     parts = tuple(int(p) if isinstance(p, numbers.Integral) and not isinstance(p, bool) else p for p in parts)
     text = repr((int(base), *parts))
     return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") >> 1
@@ -63,24 +47,21 @@ def rollout_seed(
     call_index: int,
     position: int = 0,
 ) -> int:
-    """The seed of one random stream of a training or evaluation rollout, a pure function of where it sits in the run.
+    """The seed of one random stream of a rollout, a pure function of its coordinates (so a resumed run draws what
+    the uninterrupted run drew).
 
-    It depends on these coordinates alone (not on how many rollouts this process generated before), so a run resumed
-    from a checkpoint draws what the uninterrupted run drew:
-
-    - ``run_seed``: ``TrainingArguments.seed``;
-    - ``stream``: ``"coins"`` (a completion's handoff coins) or ``"tokens"`` (the token draws of a generation call);
-    - ``mode``: ``"train"`` or ``"eval"``, so that evaluation never shifts the training streams;
-    - ``global_step``: optimizer steps completed when the rollout is generated (the rollout of step ``k`` is drawn
-      at ``global_step = k - 1``);
-    - ``process_index``: the accelerate process (rank), so ranks draw different coins and tokens;
-    - ``call_index``: the generation call within the step and mode (several when ``steps_per_generation *
-      num_iterations < gradient_accumulation_steps``, or one per batch in evaluation);
-    - ``position``: the completion's row in this process's generation batch (``0`` for the token stream).
+    Args:
+        run_seed: ``TrainingArguments.seed``.
+        stream: ``"coins"`` (a completion's handoff coins) or ``"tokens"`` (a generation call's token draws).
+        mode: ``"train"`` or ``"eval"``.
+        global_step: optimizer steps completed when the rollout is generated.
+        process_index: the accelerate process (rank).
+        call_index: the generation call within the step and mode.
+        position: the completion's row in this process's generation batch (default ``0``, the token stream).
 
     Returns:
-        [`derive_seed`][tandem_grpo.sampling.derive_seed] of ``(run_seed, "rollout", *coordinates)``: an int in
-        ``[0, 2**63)``; coin seeds keep its low 31 bits (``COIN_SEED_MASK``).
+        [`derive_seed`][tandem_grpo.sampling.derive_seed] of ``(run_seed, "rollout", *coordinates)``, in
+        ``[0, 2**63)``.
 
     Raises:
         ValueError: an unknown ``stream`` or ``mode``.
@@ -93,16 +74,15 @@ def rollout_seed(
 
 @dataclass(frozen=True)
 class SamplingSettings:
-    """Sampling settings with the names, meanings and defaults of TRL's ``GRPOConfig`` fields.
-
-    ``None`` for ``top_k`` or ``min_p`` (TRL's "off" for ``min_p``) is stored as 0.
+    """Sampling settings with the names, meanings and defaults of TRL's ``GRPOConfig``; ``None`` ``top_k``/``min_p``
+    is stored as 0.
 
     Attributes:
         temperature: softmax temperature of each model, ``> 0`` (default 1.0; tandem rollouts always sample).
         top_p: nucleus mass in (0, 1] kept of the mixture (default 1.0 = off).
         top_k: most likely mixture tokens kept, ``>= 0`` (default 0 = off).
-        min_p: mixture tokens less likely than ``min_p`` times the most likely one are dropped, in [0, 1]
-            (default 0.0 = off).
+        min_p: drop mixture tokens below ``min_p`` times the most likely one's probability, in [0, 1] (default 0.0
+            = off).
         repetition_penalty: ``> 0`` (default 1.0 = off), applied to each model's logits.
 
     Raises:
@@ -133,8 +113,7 @@ class SamplingSettings:
 
     @classmethod
     def from_config(cls, config) -> SamplingSettings:
-        """The settings of any object with TRL's sampling attributes (``temperature``, ``top_p``, ``top_k``,
-        ``min_p``, ``repetition_penalty``): a ``GRPOConfig``, a ``GRPOTrainer``, TRL's ``VLLMGeneration``.
+        """The settings of any object with TRL's five sampling attributes (``GRPOConfig``, ``GRPOTrainer``, ...).
 
         Raises:
             ValueError: as the constructor.
@@ -148,8 +127,7 @@ class SamplingSettings:
         )
 
     def truncate(self, logprobs: torch.Tensor) -> torch.Tensor:
-        """[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] with these settings (``[B, V]`` in,
-        normalized ``[B, V]`` out)."""
+        """[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] with these settings, ``[B, V]``."""
         return truncate_logprobs(logprobs, self.top_k, self.top_p, self.min_p)
 
     def to_dict(self) -> dict:
@@ -165,8 +143,7 @@ def _is_number(value) -> bool:
 
 
 def _on(value, active) -> bool:
-    """Whether a truncation setting acts on some row: decided on the host for a Python number (no sync), on the
-    device for a per-row tensor (one sync)."""
+    """Whether a setting acts on some row (a Python number: no sync; a per-row tensor: one sync)."""
     if _is_number(value):
         return bool(active(value))
     return bool(active(value).any())
@@ -178,13 +155,9 @@ def truncate_logprobs(
     top_p: float | torch.Tensor = 1.0,
     min_p: float | torch.Tensor = 0.0,
 ) -> torch.Tensor:
-    """Truncate each row of a distribution with top-k, then top-p, then min-p (each on what the previous kept).
-
-    The one truncation of the tandem mixture; every backend calls it. Each step matches transformers' logits
-    warper of the same name (``TopKLogitsWarper``, ``TopPLogitsWarper``, ``MinPLogitsWarper``; vLLM's own top-k /
-    top-p follow the same definitions): top-k keeps every token at least as likely as the k-th (ties kept); top-p
-    keeps the most likely tokens until the mass left out is below ``1 - top_p``, renormalized after top-k; min-p
-    keeps tokens at least ``min_p`` times as likely as the most likely one. The most likely token always stays.
+    """Truncate each row with top-k, then top-p, then min-p, as transformers' ``TopKLogitsWarper``,
+    ``TopPLogitsWarper``, ``MinPLogitsWarper`` (top-k keeps ties; the most likely token always stays). The one
+    truncation of the tandem mixture, in every backend.
 
     Args:
         logprobs: float ``[B, V]`` log-probabilities (``-inf`` where a token is impossible).
@@ -197,7 +170,6 @@ def truncate_logprobs(
     """
     rows, width = logprobs.shape
     out = logprobs
-    # A setting given as a Python number is known on the host: no device round trip to learn whether it is on.
     if _on(top_k, lambda k: (k > 0) & (k < width)):
         k = _per_row(top_k, rows, out, torch.long)
         use_k = (k > 0) & (k < width)
@@ -216,18 +188,14 @@ def truncate_logprobs(
     if _on(min_p, lambda m: m > 0.0):
         m = _per_row(min_p, rows, out, out.dtype)
         use_m = m > 0.0
-        # The ratio to the most likely token does not depend on normalization, so no softmax is needed here.
         threshold = out.amax(dim=-1, keepdim=True) + torch.log(m.clamp(min=1e-30)).unsqueeze(1)
         out = out.masked_fill(use_m.unsqueeze(1) & (out < threshold), float("-inf"))
     return torch.log_softmax(out, dim=-1)
 
 
 def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
-    """EOS ids as TRL's ``GRPOTrainer`` builds ``self.eos_token_ids`` (trl 1.16, ``grpo_trainer.py``): every EOS id
-    of the generation config (an int or a list), with the tokenizer's ``eos_token_id`` put first when missing.
-
-    Training, the vLLM engine's boundary tables and the evaluation suite all use this rule, so they end completions
-    (and treat EOS as a unit boundary) at the same ids.
+    """EOS ids as TRL's ``GRPOTrainer`` builds ``self.eos_token_ids`` (trl 1.16, ``grpo_trainer.py``): the
+    generation config's EOS ids, with the tokenizer's ``eos_token_id`` first when missing. Used by every backend.
 
     Args:
         tokenizer: has ``eos_token_id`` (may be ``None``).
