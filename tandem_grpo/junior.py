@@ -25,14 +25,8 @@ def logits_width(config) -> int:
 
 def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int, junior_width: int) -> None:
     """Raise unless senior and junior share one vocabulary: the same token string for every id, and logits that
-    cover every id of that tokenizer.
-
-    The logits widths (config ``vocab_size``) may differ: checkpoints of one family pad their embeddings to
-    different sizes (Qwen2.5 0.5B has 151936 rows, 7B 152064, for 151665 tokens). Every backend cuts both models'
-    logits to the tokenizer's length before mixing
-    ([`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer]), so the padding rows are
-    never sampled. The one check of every entry point (trainer, vLLM engine and server,
-    evaluation).
+    cover every id. Widths may differ by embedding padding (logits are cut to the tokenizer's length,
+    [`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer]). Used by every entry point.
 
     Args:
         senior_tokenizer: the senior's tokenizer.
@@ -41,9 +35,8 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
         junior_width: the junior's logits width (config ``vocab_size``).
 
     Raises:
-        ValueError: the tokenizers map ids to different tokens (naming both tokenizers' sizes when they differ, how
-            many ids differ, the first five with both token strings, and the fix), or a width is smaller than the
-            tokenizer's length.
+        ValueError: the tokenizers map ids to different tokens (the message names the sizes, the first five
+            differing ids and the fix), or a width is smaller than the tokenizer's length.
     """
     fix = "Pick a junior trained with the senior's tokenizer (e.g. a smaller model of the same family)."
     senior_by_id = {i: t for t, i in senior_tokenizer.get_vocab().items()}
@@ -53,7 +46,6 @@ def check_same_vocabulary(senior_tokenizer, junior_tokenizer, senior_width: int,
     ]
     if differing:
         examples = ", ".join(f"id {i}: {_token(senior_by_id, i)} vs {_token(junior_by_id, i)}" for i in differing[:5])
-        # A size mismatch is the usual cause (another model family) and the clearest thing to report first.
         sizes = len(senior_by_id), len(junior_by_id)
         mismatch = (
             f"have different sizes (senior {sizes[0]} tokens, junior {sizes[1]}) and " if sizes[0] != sizes[1] else ""
@@ -96,11 +88,8 @@ _GIB = 2**30
 
 
 def junior_weight_bytes(name_or_path: str, dtype: torch.dtype) -> int | None:
-    """Bytes a model's weights take once loaded in ``dtype``, found without loading them.
-
-    The parameter count comes from the safetensors headers (a local folder's ``*.safetensors`` files, or the hub's
-    metadata for a hub id), times ``dtype``'s element size. A folder with only ``*.bin`` / ``*.pt`` weights is
-    counted by file size (their dtype is not known without loading them).
+    """Bytes a model's weights take once loaded in ``dtype``, without loading them: the safetensors parameter count
+    (local headers or hub metadata) times the element size; a ``*.bin``/``*.pt``-only folder by file size.
 
     Args:
         name_or_path: a model folder or hub id.
@@ -126,7 +115,7 @@ def junior_weight_bytes(name_or_path: str, dtype: torch.dtype) -> int | None:
 
 
 def _safetensors_parameter_count(path: Path) -> int:
-    # A safetensors file starts with an 8-byte little-endian header length, then a JSON header of tensor shapes.
+    # 8-byte little-endian header length, then a JSON header of tensor shapes.
     with open(path, "rb") as handle:
         header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
     return sum(math.prod(entry["shape"]) for key, entry in header.items() if key != "__metadata__")
@@ -148,16 +137,14 @@ def free_memory_bytes(device: torch.device | str) -> int | None:
 def check_junior_fits(
     name: str, weight_bytes: int, free_bytes: int, device: torch.device | str, copies: float = 1.0
 ) -> None:
-    """Raise unless ``copies`` copies of a junior's weights fit in the free memory of ``device``.
-
-    A pure function of its arguments, so that the check is tested without the hardware; the trainer passes
-    [`junior_weight_bytes`][tandem_grpo.junior.junior_weight_bytes] and
-    [`free_memory_bytes`][tandem_grpo.junior.free_memory_bytes].
+    """Raise unless ``copies`` copies of a junior's weights fit in the free memory of ``device`` (pure, so it is
+    tested without the hardware).
 
     Args:
         name: the junior's name or path, for the message.
-        weight_bytes: the junior's weights in bytes, in the dtype it will be loaded in.
-        free_bytes: the device's free memory in bytes.
+        weight_bytes: the junior's weights in bytes, in its load dtype
+            ([`junior_weight_bytes`][tandem_grpo.junior.junior_weight_bytes]).
+        free_bytes: the device's free memory in bytes ([`free_memory_bytes`][tandem_grpo.junior.free_memory_bytes]).
         device: the device the junior would be loaded on, for the message.
         copies: how many copies of the weights that free memory must hold: 1 for a GPU of its own; the processes of
             this machine for its CPU memory; divided by the number of shards under DeepSpeed ZeRO-3.
@@ -190,15 +177,9 @@ def freeze(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def frozen_copy(model) -> PreTrainedModel:
-    """A frozen copy of ``model`` that shares neither code nor storage with it.
-
-    A fresh module of the same class is built from a copy of the config, then the weights are copied into it
-    (``load_state_dict`` copies values; nothing is aliased). ``copy.deepcopy`` is not safe here: TRL replaces
-    ``forward`` (``add_fused_lm_head``) and ``lm_head.forward`` (``cast_lm_head_to_fp32``) with closures over the
-    original module, and a deep copy keeps calling them, so the "copy" computes with the live weights.
-
-    A PEFT model is copied as a PEFT model (same adapter config, adapter weights and base weights), so a senior
-    that starts from an already trained adapter is copied with that adapter.
+    """A frozen copy of ``model`` that shares neither code nor storage with it: a fresh module from a copy of the
+    config, weights copied in. Not ``copy.deepcopy``: TRL's ``forward`` closures would keep the live weights. A PEFT
+    model is copied with its adapter.
 
     Args:
         model: a ``transformers.PreTrainedModel`` or a ``peft.PeftModel`` (not wrapped by DeepSpeed/FSDP).
@@ -231,7 +212,6 @@ def _fresh_like(model: PreTrainedModel) -> PreTrainedModel:
 
 
 def _tied_names(model) -> set[str]:
-    # Tied parameters appear once in a state dict but under every name in `named_parameters(remove_duplicate=False)`.
     seen: dict[int, str] = {}
     tied = set()
     for name, param in model.named_parameters(remove_duplicate=False):
@@ -250,11 +230,8 @@ results [`same_function`][tandem_grpo.junior.same_function] compares (any ids be
 def probe_logits(
     model, vocab_size: int, context: Callable[[], contextlib.AbstractContextManager] | None = None
 ) -> torch.Tensor:
-    """Float32 logits ``[1, PROBE_LENGTH, V]`` of ``model`` in eval mode on a fixed token sequence.
-
-    ``context`` is entered around the forward (e.g. ``senior.disable_adapter`` for a PEFT senior's base). The
-    model's train/eval mode is restored afterwards.
-    """
+    """Float32 logits ``[1, PROBE_LENGTH, V]`` of ``model`` in eval mode on a fixed token sequence, inside
+    ``context`` (e.g. ``senior.disable_adapter``); the train/eval mode is restored."""
     device = next(model.parameters()).device
     ids = (torch.arange(PROBE_LENGTH, device=device) * 7919 + 11) % max(vocab_size, 1)
     was_training = model.training
@@ -291,13 +268,7 @@ def senior_vocabulary(model, processing_class) -> tuple[PreTrainedTokenizerBase,
 
 def choose_junior(trainer, junior_path: str | None) -> tuple[PreTrainedModel | None, str | None]:
     """The frozen junior of a trainer that co-generates with the transformers loop, and how the senior runs it.
-
-    ``junior_path`` (checked by [`check_junior_vocabulary`][tandem_grpo.junior.check_junior_vocabulary]) is loaded
-    like the senior. Otherwise (self-pairing) the junior computes the senior's function as it is at construction:
-    a reload of the senior's checkpoint under DeepSpeed ZeRO-3; for a PEFT senior whose adapter is still the
-    identity, the base with the adapter disabled (no junior model; context ``"disable_adapter"``); TRL's reference
-    model when ``beta > 0`` and it computes the same function (never with ``sync_ref_model`` or FSDP); else a
-    [`frozen_copy`][tandem_grpo.junior.frozen_copy] of the senior.
+    The self-pairing paths are in docs/method.md, "The self-paired junior".
 
     Args:
         trainer: a ``TandemGRPOTrainer`` after ``GRPOTrainer.__init__``.
@@ -316,8 +287,7 @@ def choose_junior(trainer, junior_path: str | None) -> tuple[PreTrainedModel | N
     if junior_path is not None:
         return prepare_frozen(trainer, load_like_senior(trainer, junior_path)), None
     if is_zero3(trainer):
-        # Parameters are partitioned: no rank holds the whole senior to copy, so reload the initial weights. The
-        # probe check is skipped: a forward of the partitioned senior outside the engine is a collective.
+        # No rank holds the whole senior: reload it. No probe: a partitioned forward is a collective.
         source = resolve_model_path(get_config_model_id(trainer.model.config))
         return prepare_frozen(trainer, load_like_senior(trainer, source)), None
     width = logits_width(trainer.model.config)
@@ -325,14 +295,10 @@ def choose_junior(trainer, junior_path: str | None) -> tuple[PreTrainedModel | N
     if is_peft_model(trainer.model) and same_function(
         initial, probe_logits(trainer.model, width, trainer.model.disable_adapter)
     ):
-        # A fresh adapter is the identity: the base with the adapter disabled is the initial senior, at no memory
-        # cost. An adapter that already changes the model is copied with it (below).
+        # A fresh adapter is the identity: the base with it disabled is the initial senior.
         return None, "disable_adapter"
     if trainer.ref_model is not None and not trainer.args.sync_ref_model and not trainer.is_fsdp_enabled:
-        # beta > 0: TRL's reference model, loaded from the senior's checkpoint, is the initial senior unless the
-        # senior was modified after loading (then the probe differs and a copy is made below). Not under FSDP:
-        # with cpu_ram_efficient_loading, ranks other than 0 hold zeros here, so the probe could differ by rank
-        # and ranks would pick different juniors (TRL's reference is also sharded from those zeros).
+        # Not under FSDP: with cpu_ram_efficient_loading ranks > 0 hold zeros, so ranks could pick different juniors.
         if same_function(initial, probe_logits(trainer.accelerator.unwrap_model(trainer.ref_model), width)):
             return trainer.ref_model, None
     junior = frozen_copy(trainer.accelerator.unwrap_model(trainer.model))
@@ -345,10 +311,9 @@ def choose_junior(trainer, junior_path: str | None) -> tuple[PreTrainedModel | N
 
 
 def junior_as_reference(trainer, junior_path: str | None):
-    """The reference model of the ``kl_to_junior`` ablation (TRL's KL-to-reference with the junior as reference):
-    ``junior_path`` loaded like the senior; else TRL's reference, or a frozen copy of the senior when TRL's
-    reference (reloaded from the senior's checkpoint) is not the initial senior. A PEFT senior has no reference
-    model (TRL disables the adapter, or uses its "ref" copy of a trained adapter)."""
+    """The reference model of the ``kl_to_junior`` ablation: ``junior_path`` loaded like the senior; else TRL's
+    reference when it is ``None`` (a PEFT senior: TRL disables the adapter), under ZeRO-3, or the initial senior;
+    else a frozen copy of the senior."""
     if junior_path is not None:
         return prepare_frozen(trainer, load_like_senior(trainer, junior_path), fused_head=True)
     if trainer.ref_model is None or is_zero3(trainer):
@@ -370,8 +335,7 @@ def load_like_senior(trainer, path: str) -> PreTrainedModel:
     device = trainer.accelerator.device
     weight_bytes, free_bytes = junior_weight_bytes(path, trainer.model.dtype), free_memory_bytes(device)
     if weight_bytes is not None and free_bytes is not None:
-        # A GPU per process; the processes of one machine share its CPU memory. ZeRO-3 loads a shard per process,
-        # partitioned while loading only under zero.Init (zero3_init_flag); otherwise whole until prepared.
+        # Processes share CPU memory; ZeRO-3 loads shards only under zero.Init (zero3_init_flag).
         copies = int(os.environ.get("LOCAL_WORLD_SIZE", "1")) if device.type == "cpu" else 1
         sharded = is_zero3(trainer) and trainer.accelerator.state.deepspeed_plugin.zero3_init_flag
         shards = trainer.accelerator.num_processes if sharded else 1
