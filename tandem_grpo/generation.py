@@ -1,9 +1,6 @@
-"""Tandem co-generation on the transformers path: one batched decode loop.
-
-Every decode step runs exactly one forward pass of the senior and one of the junior over the whole batch, each with
-its own KV cache (or, for a LoRA senior whose junior is its base, one pass over both models' rows with one cache),
-then draws each sequence's next token from the tandem mixture of [`tandem_grpo.handoff`][tandem_grpo.handoff] (the one
-implementation of the handoff rule). There is no Python loop over sequences inside the loop.
+"""Tandem co-generation on the transformers path: one batched decode loop, one forward pass of each model per step
+(or one over both for a LoRA senior with its base as junior), tokens drawn from the mixture of
+[`tandem_grpo.handoff`][tandem_grpo.handoff].
 """
 
 from __future__ import annotations
@@ -99,16 +96,10 @@ def _refusal(key: str, value, eos_token_ids: list[int], scoring_temperature: flo
 def sampling_from_generation_kwargs(
     generation_kwargs: dict, eos_token_ids: list[int], scoring_temperature: float | None = None
 ) -> tuple[SamplingSettings, int | None]:
-    """The sampling settings and completion cap co-generation takes from ``generate``'s keyword arguments, or a
-    refusal naming the first key it cannot honour.
-
-    ``GRPOTrainer.generation_kwargs`` (TRL's sampling fields, updated with ``GRPOConfig.generation_kwargs``) is what
-    TRL passes to ``generate``. Co-generation honours ``temperature``, ``top_p``, ``top_k``, ``min_p``,
-    ``repetition_penalty`` (as [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]: the temperature and the
-    penalty on each model, the truncations on the mixture) and ``max_new_tokens``; it accepts ``eos_token_id`` when it
-    names the trainer's EOS ids, ``pad_token_id``, ``bos_token_id``, the compile switches, beam-search settings left
-    without beams, and any key at its "off" value (``num_beams=1``, ``do_sample=True``, ``use_cache=True``,
-    ``cache_implementation="dynamic"``, ...) or ``None``.
+    """The sampling settings and completion cap co-generation takes from ``generate``'s keyword arguments
+    (``GRPOTrainer.generation_kwargs``). Honoured: the five [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]
+    fields and ``max_new_tokens``; accepted: the trainer's ``eos_token_id``, ``pad_token_id``, ``bos_token_id``, the
+    compile switches, beam settings without beams, and any key at its "off" value or ``None``.
 
     Args:
         generation_kwargs: the keyword arguments.
@@ -120,10 +111,8 @@ def sampling_from_generation_kwargs(
         ``(settings, max_new_tokens)``; ``max_new_tokens`` is ``None`` when not given.
 
     Raises:
-        ValueError: ``generation_kwargs[key]=value`` that co-generation cannot honour (beam search, greedy decoding,
-            several sequences per prompt, a static or quantized cache, other EOS ids, a temperature other than the
-            scoring one, any other logits processor or stopping rule of ``generate``), naming the key, why, and the
-            fix.
+        ValueError: the first key co-generation cannot honour (beam search, greedy decoding, several sequences per
+            prompt, a static cache, other EOS ids, another temperature, other processors), naming it, why and the fix.
     """
     sampling, cap = {}, None
     for key, value in generation_kwargs.items():
@@ -153,12 +142,9 @@ def next_token_logprobs(
     sampling: SamplingSettings,
     history: torch.Tensor,
 ) -> torch.Tensor:
-    """The distribution ``tandem_generate`` draws the next token from, for one position of every sequence.
-
-    Used by [`tandem_generate`][tandem_grpo.generation.tandem_generate] at every decode step. Both models' logits
-    are cut to the ``V`` ids of ``tables``; the repetition penalty (over ``history``) and the temperature act on each
-    model; the two are mixed ([`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]) and the mixture is
-    truncated ([`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs]).
+    """The distribution [`tandem_generate`][tandem_grpo.generation.tandem_generate] draws the next token from: logits
+    cut to ``V``, per-model penalty and temperature, [`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs], then
+    [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs].
 
     Args:
         senior_logits: float ``[B, V_s]``, the senior's logits, ``V_s >= V``.
@@ -206,17 +192,12 @@ class ModelCall:
 
     Attributes:
         cache_name: the keyword of the cache (``cache``, ``past_key_values`` or ``cache_params``).
-        cache_config: the decoder's text config, from which each generation call's cache is built as ``generate``
-            builds it (``DynamicCache(config=...)``: one layer type per layer, so a hybrid Mamba/attention model
-            gets its convolution and SSM states); ``None`` for a callable that is not a transformers model (then a
-            bare ``DynamicCache()``).
-        default_cache: ``False`` where ``generate`` builds no cache up front (``_supports_default_dynamic_cache``:
-            xLSTM, RWKV, ...): the model makes its own on the first call and returns it.
-        flags: the constant keyword arguments of every call: ``use_cache=True``; ``logits_to_keep=1`` (or the older
-            ``num_logits_to_keep``) where the forward declares it; ``output_router_logits=False`` for a
-            Mixture-of-Experts model whose config has the field (a config that sets it ``True`` would otherwise have
-            the model compute its load-balancing loss on a one-token step against the whole attention mask, which
-            fails).
+        cache_config: the decoder's text config for ``DynamicCache(config=...)`` (as ``generate``; hybrid models get
+            their SSM states); ``None`` for a non-transformers callable (a bare ``DynamicCache()``).
+        default_cache: ``False`` where ``generate`` builds no cache up front (``_supports_default_dynamic_cache``).
+        flags: constant keyword arguments: ``use_cache=True``; ``logits_to_keep=1`` (or ``num_logits_to_keep``)
+            where declared; ``output_router_logits=False`` for a Mixture-of-Experts config with the field (its
+            load-balancing loss fails on one-token steps).
         attention_mask: whether the forward takes ``attention_mask``.
         position_ids: whether the forward takes ``position_ids``.
     """
@@ -230,12 +211,8 @@ class ModelCall:
 
     @classmethod
     def of(cls, model) -> ModelCall:
-        """The call of ``model`` (through DeepSpeed/DDP/FSDP1 wrappers and PEFT, to the class whose forward runs).
-
-        A callable that is not a transformers model (no ``config``, or no ``forward`` to read) gets the plain
-        contract: a bare ``DynamicCache()`` under ``past_key_values`` (or the name
-        `tandem_grpo._compat.cache_kwarg` picks), ``use_cache=True``, ``logits_to_keep=1``, the
-        attention mask and position ids."""
+        """The call of ``model`` (through DeepSpeed/DDP/FSDP1 wrappers and PEFT); a callable that is not a
+        transformers model gets the defaults, under the cache name `tandem_grpo._compat.cache_kwarg` picks."""
         inner = _innermost(model)
         config = getattr(inner, "config", None)
         try:
@@ -256,7 +233,6 @@ class ModelCall:
         name = cache_kwarg(model)
         if name not in params and "cache_params" in params:
             name = "cache_params"
-        # generate's `_supports_default_dynamic_cache`: a few architectures (xLSTM, RWKV, ...) build their own cache.
         default = getattr(type(inner), "_supports_default_dynamic_cache", None)
         return cls(
             cache_name=name,
@@ -275,8 +251,7 @@ class ModelCall:
 
 
 def _stepper(model: PreTrainedModel) -> Callable[..., torch.Tensor]:
-    """``(ids, attention_mask, position_ids) -> float [B, V]`` last-position logits, reading and extending the model's
-    own cache for this generation call, called as ``generate`` calls the model
+    """``(ids, attention_mask, position_ids) -> float [B, V]`` last-position logits, extending the model's own cache
     ([`ModelCall`][tandem_grpo.generation.ModelCall])."""
     call = ModelCall.of(model)
     cache = [call.new_cache()]
@@ -317,17 +292,11 @@ def _two_models(senior, junior, junior_context: Callable[[], contextlib.Abstract
 
 @contextlib.contextmanager
 def _senior_and_base(senior, rows: int) -> Iterator[Forward]:
-    """One forward pass per step over ``2 * rows`` rows: the senior's ``rows`` first, then the junior's (the same
-    rows again), with the LoRA adapter's update zeroed on the junior's rows; one KV cache holds both.
-
-    Every base weight is read once per step for both models. A LoRA layer adds ``lora_B(lora_A(dropout(x))) *
-    scaling`` to its base layer's output (PEFT ``lora/layer.py``), so a forward hook that zeroes ``lora_B``'s output
-    on a row gives that row the base model's computation exactly (``base + 0``). This is PEFT's mixed-adapter batch
-    (``adapter_names`` with ``"__base__"``) in effect; PEFT's own route gathers and scatters the sub-batch in every
-    LoRA layer, which measured 1.53x LoRA solo generation against 1.32x here. Eval mode throughout: rollouts without
-    dropout. ``tests/test_generation.py`` compares the logits with two separate passes at every step.
+    """One forward pass per step over ``2 * rows`` rows (senior's, then the junior's), one KV cache, eval mode: a
+    hook zeroes ``lora_B``'s output on the junior's rows, so they compute the base exactly (PEFT ``lora/layer.py``:
+    the update is ``lora_B(lora_A(dropout(x))) * scaling``). PEFT's mixed-adapter batch in effect, without its
+    gather/scatter (speed: docs/speed.md, LoRA).
     """
-    # Built once, on the weights' device and dtype: the hooks run in every LoRA layer at every decode step.
     weight = next(senior.parameters())
     senior_rows = torch.cat([torch.ones(rows), torch.zeros(rows)]).to(weight.device, weight.dtype)
 
@@ -363,11 +332,9 @@ def _lora_b_modules(model) -> list[torch.nn.Module]:
 
 
 def mixed_adapter_batches(model) -> bool:
-    """Whether ``model`` can run as senior and, with its adapter disabled, as junior in one forward pass: a PEFT LoRA
-    model with one active, unmerged adapter whose every update is the output of a ``lora_B`` module added to its base
-    layer's output: LoRA on linear and convolution layers only (no DoRA or other LoRA variant, no LoRA on embeddings,
-    no ``target_parameters``, whose update PEFT folds into the base weight so that ``lora_B`` never runs a forward,
-    no quantized or other LoRA layer type)."""
+    """Whether ``model`` can run as senior and, adapter disabled, as junior in one forward pass: PEFT LoRA with one
+    active, unmerged adapter on linear and convolution layers only (no DoRA or other variant, no embeddings, no
+    ``target_parameters``, no quantized layers)."""
     from accelerate.utils import is_peft_model
 
     if not is_peft_model(model) or len(model.active_adapters) != 1:
@@ -388,9 +355,8 @@ def mixed_adapter_batches(model) -> bool:
 
 
 def check_co_generation_model(model) -> None:
-    """Refuse a model the decode loop cannot call step by step as ``generate`` does: a PEFT prompt-learning model
-    (prompt tuning, P-tuning, prefix tuning), whose forward prepends virtual tokens (or their cache) to every call, so
-    that only its own ``generate`` can decode it. ``None`` and any other model pass.
+    """Refuse a PEFT prompt-learning model (prompt/prefix/P-tuning: its forward prepends virtual tokens at every
+    call, so only its own ``generate`` decodes it); ``None`` and any other model pass.
 
     Raises:
         ValueError: naming the PEFT method and the fix.
@@ -426,24 +392,18 @@ def tandem_generate(
 ) -> Rollout:
     """Co-generate completions with a senior and a junior (paper section 3).
 
-    The handoff rule is the one of [`tandem_grpo.handoff`][tandem_grpo.handoff]. When ``tables`` is omitted it is
-    built with [`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer].
-
     Args:
-        senior: causal LM sharing one tokenizer with ``junior``; only read. Its logits width ``V_s`` may differ from
-            the junior's (checkpoints pad their embeddings differently): both are cut to the ``V`` ids of ``tables``
-            before mixing, so ids past the tokenizer are never drawn.
-        junior: causal LM sharing one tokenizer with ``senior``; only read. Its logits width ``V_j`` may differ
-            from the senior's (cut to the same ``V`` ids). ``None``: the junior is the base of a PEFT ``senior`` (the
-            senior with its adapter disabled). For a plain LoRA senior
-            ([`mixed_adapter_batches`][tandem_grpo.generation.mixed_adapter_batches]) each step is then one forward
-            pass over ``2B`` rows with the adapter's update on the senior's rows only, one KV cache for both, in eval
-            mode; otherwise (DoRA, LoRA on embeddings, ...) two passes, the second under ``senior.disable_adapter``.
+        senior: causal LM sharing one tokenizer with ``junior``; only read. Logits width ``V_s`` is cut to the
+            ``V`` ids of ``tables``.
+        junior: causal LM, likewise (width ``V_j``). ``None``: the base of a PEFT ``senior``: one pass over ``2B``
+            rows where [`mixed_adapter_batches`][tandem_grpo.generation.mixed_adapter_batches], else two passes,
+            the second under ``senior.disable_adapter``.
         input_ids: long ``[B, P]`` left-padded prompts, on the models' device.
         attention_mask: long ``[B, P]``, the mask of ``input_ids``.
-        rule: the handoff rule.
-        tables: boundary tables (``BoundaryTables.from_tokenizer``); built from ``tokenizer`` for
-            ``min(len(tokenizer), V_s, V_j)`` ids when omitted.
+        rule: the handoff rule ([`tandem_grpo.handoff`][tandem_grpo.handoff]).
+        tables: boundary tables; default
+            [`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer] for
+            ``min(len(tokenizer), V_s, V_j)`` ids.
         tokenizer: the shared tokenizer; needed when ``tables``, ``eos_token_ids`` or ``pad_token_id`` is omitted.
         sampling: per-model and mixture sampling settings (default: plain sampling at temperature 1).
         max_new_tokens: completion length cap, in tokens.
@@ -451,19 +411,14 @@ def tandem_generate(
         pad_token_id: default: the tokenizer's pad id.
         seeds: long ``[B]`` coin-stream seeds (default ``0..B-1``).
         generator: drives the token draws.
-        junior_context: entered around every junior forward of the two-pass loop (e.g. ``senior.disable_adapter``
-            with ``junior=senior``: the base as junior, two passes per step).
-        synced: step in lockstep with every other process of the default ``torch.distributed`` group (as
-            ``synced_gpus`` in transformers' ``generate``): a process whose sequences are all done (EOS or
-            ``max_new_tokens``) keeps running forwards on pad tokens, whose outputs are dropped, until every process
-            is done (one all-reduce of the done flag per step). Needed whenever a forward of either model is a
-            collective (DeepSpeed ZeRO-3, FSDP), where a process that stopped early would leave the others waiting
-            forever. Ignored without an initialized process group of more than one process.
+        junior_context: entered around every junior forward of the two-pass loop (e.g. ``senior.disable_adapter``).
+        synced: step in lockstep with the default ``torch.distributed`` group (as ``generate``'s ``synced_gpus``): a
+            done process runs forwards on pad tokens until every process is done, one all-reduce per step. Needed
+            when a forward is a collective (ZeRO-3, FSDP); ignored without a group of more than one process.
 
     Returns:
-        A [`Rollout`][tandem_grpo.rollout.Rollout]: each completion up to and including its first EOS (at most
-        ``max_new_tokens`` tokens), with the authorship, unit starts and ``log p_s(B)`` coefficients the rule took
-        while drawing it, and ``seeds``; no log-probs.
+        A [`Rollout`][tandem_grpo.rollout.Rollout]: completions up to and including the first EOS (at most
+        ``max_new_tokens``), authorship, unit starts, ``log p_s(B)`` coefficients and ``seeds``; no log-probs.
 
     Raises:
         ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor
