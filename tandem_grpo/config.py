@@ -12,25 +12,18 @@ from .handoff import HandoffRule, validate_rule_fields
 
 @dataclass
 class TandemGRPOConfig(GRPOConfig):
-    """TRL's ``GRPOConfig`` plus the tandem fields of paper section 3 and its ablations.
-
-    Configuration for [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer]: every field of
-    ``trl.GRPOConfig``, plus the ones below.
-
-    Differences from ``GRPOConfig``: ``bf16`` left unset resolves to ``False`` when no CUDA device supports bf16, so
-    the same command runs on a CPU machine (TRL would default to ``True`` and transformers would refuse it there).
+    """TRL's ``GRPOConfig`` plus the tandem fields of paper section 3 and its ablations, for
+    [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer]. Unlike ``GRPOConfig``, ``bf16`` left unset resolves
+    to ``False`` when no CUDA device supports bf16, so the same command runs on a CPU.
 
     Attributes:
-        handoff_mode (str): the handoff rule. ``"after_boundary"`` (default; the paper authors' rule): every token
-            is sampled from its author's own distribution and a coin picks the next author right after each boundary
-            token. ``"whole_unit"``: each unit (word, sentence) is written by one model, which a junior of another
-            model family needs; the senior's loss then carries ``log p_s(B)`` terms at handoffs
-            ([`tandem_grpo.handoff`][tandem_grpo.handoff]). Both give exact policy gradients.
+        handoff_mode (str): ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary
+            token) or ``"whole_unit"`` (each unit written by one model); see docs/method.md, "The two handoff rules".
         handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or ``"sentence"``.
-        junior_probability (float): chance in [0, 1] that a new unit is written by the junior (default 0.5; paper:
-            0.5). ``0`` gives plain GRPO rollouts.
-        max_gap_tokens (int): a unit that has lasted this many tokens (>= 1) forces a handoff decision (default 32;
-            paper: 32).
+        junior_probability (float): chance in [0, 1] that the junior writes a new unit (default 0.5, the paper's);
+            ``0`` gives plain GRPO rollouts.
+        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, the
+            paper's).
         junior_model_name_or_path (str | None): the frozen junior: a hub id or local path of any causal LM with the
             senior's tokenizer vocabulary. ``None`` (default) is self-pairing: a frozen copy of the senior's
             initial weights.
@@ -39,15 +32,12 @@ class TandemGRPOConfig(GRPOConfig):
         kl_to_junior (bool): the paper's ablation: senior-only rollouts plus TRL's per-token KL term toward the
             junior, with coefficient ``beta`` (which must then be > 0, and ``sync_ref_model`` must be off).
             Default ``False``.
-        tandem_eval_rollouts (bool): co-generate the rollouts of ``evaluate()`` too. By default (``False``)
-            evaluation rollouts are the senior's alone, so ``eval_reward`` keeps TRL's meaning (the model's own
-            score). Evaluation never draws from the training coin stream.
+        tandem_eval_rollouts (bool): co-generate the rollouts of ``evaluate()`` too (default ``False``: the
+            senior's alone, so ``eval_reward`` is the model's own score); never from the training coin stream.
 
     Raises:
-        ValueError: a field outside its range, naming the field, the value and the allowed range; or
-            ``num_generations`` that does not divide the completions generated together (``generation_batch_size``,
-            by default ``per_device_train_batch_size`` x processes x ``gradient_accumulation_steps``), naming those
-            fields and the ``num_generations`` values that fit.
+        ValueError: a field outside its range, naming it; or ``num_generations`` does not divide the completions
+            generated together, naming the batch fields and the ``num_generations`` values that fit.
     """
 
     handoff_mode: str = field(
@@ -131,8 +121,7 @@ class TandemGRPOConfig(GRPOConfig):
             raise ValueError(self._group_size_message(explicit_generation_batch)) from err
 
     def _group_size_message(self, explicit_generation_batch: bool) -> str:
-        # TRL's own message names generation_batch_size, which users rarely set: it is derived from the batch flags
-        # (GRPOConfig.__post_init__ has filled it in by the time it raises), so name those and the values that work.
+        # TRL's message names generation_batch_size, which users rarely set: name the batch flags instead.
         size, groups = self.generation_batch_size, self.num_generations
         divisors = ", ".join(str(n) for n in range(2, size + 1) if size % n == 0)
         why = "GRPO compares the completions of one prompt, num_generations of them, so a step holds whole groups"
@@ -155,11 +144,9 @@ class TandemGRPOConfig(GRPOConfig):
 
     @classmethod
     def from_grpo_config(cls, config: GRPOConfig, **tandem_fields) -> TandemGRPOConfig:
-        """A TandemGRPOConfig with every field of an existing ``GRPOConfig``, plus ``tandem_fields``.
-
-        ``TandemGRPOConfig(**config.to_dict())`` does not work: ``GRPOConfig.__post_init__`` fills
-        ``generation_batch_size`` from ``steps_per_generation``, and the two may not both be passed. This passes the
-        filled-in ``steps_per_generation`` alone, which yields the same ``generation_batch_size``.
+        """A TandemGRPOConfig with every field of an existing ``GRPOConfig``, plus ``tandem_fields`` (unlike
+        ``TandemGRPOConfig(**config.to_dict())``, which passes both ``generation_batch_size`` and
+        ``steps_per_generation`` and fails).
 
         Args:
             config: a ``trl.GRPOConfig``.
