@@ -1,16 +1,13 @@
 """Verifiable math rewards in TRL's reward-function format.
 
 TRL's ``GRPOTrainer`` calls each reward function as ``f(prompts=..., completions=..., completion_ids=...,
-**columns)`` where ``columns`` are the other dataset columns (here ``answer``, see :mod:`tandem_grpo.data`) plus
-``trainer_state``, ``log_extra`` and ``log_metric``, and expects one float per completion. Completions are plain
-strings for standard datasets and lists of messages such as ``[{"role": "assistant", "content": "..."}]`` for
-conversational ones; both are handled.
+**columns)`` (``columns``: the dataset's other columns, here ``answer``, see :mod:`tandem_grpo.data`, plus
+``trainer_state``, ``log_extra``, ``log_metric``) and expects one float per completion. Completions may be strings
+or conversational message lists.
 
-Answers are compared with math-verify in a long-lived worker process (a fresh interpreter that imports only
-math-verify), one completion at a time, each under a time limit (:data:`VERIFY_TIMEOUT_S`, default 5 s). An
-answer whose check runs past it (``\\boxed{(9999!)^{9999}}``) scores 0, is counted (:func:`pop_verify_timeouts`)
-and, when the worker does not give up on its own, the worker is killed and restarted. This holds in any thread
-and any process: math-verify's own timeouts rely on ``signal.alarm``, which only works in the main thread.
+Answers are compared with math-verify in a long-lived worker process, one at a time, each under a time limit
+(:data:`VERIFY_TIMEOUT_S`); past it an answer scores 0, is counted (:func:`pop_verify_timeouts`) and a stuck worker
+is restarted. This works in any thread (math-verify's own ``signal.alarm`` timeouts need the main thread).
 """
 
 from __future__ import annotations
@@ -354,22 +351,17 @@ def _resolve_timeout(verify_timeout: float | None) -> float:
 def is_correct(completion: Any, gold: Any, *, truncated: bool = False, verify_timeout: float | None = None) -> bool:
     """Whether the final answer of ``completion`` equals ``gold``, mathematically.
 
-    The answer is taken with :func:`extract_answer` (last ``\\boxed{}``, else last number; with
-    ``truncated=True`` only a ``\\boxed{}`` counts, see :func:`accuracy_reward`) and compared with ``gold`` (an
-    integer or float string, or LaTeX such as ``\\frac{\\pi}{2}``) by math-verify's ``parse``/``verify``, so
-    ``\\frac{1}{2}`` equals ``0.5`` and ``1,234`` equals ``1234``. Unit words after a number are ignored
-    (``18 dollars``, ``18\\ \\text{square feet}`` equal ``18``), except words that change or hedge the value
-    (``18 or more``, ``2 million``, ``18 percent``), which are left to math-verify as written.
+    The answer (:func:`extract_answer`: last ``\\boxed{}``, else last number) is compared with ``gold`` (a number
+    string or LaTeX) by math-verify's ``parse``/``verify``, so ``\\frac{1}{2}`` equals ``0.5``. Trailing unit words
+    are ignored (``18 dollars`` equals ``18``) unless they change or hedge the value (``18 percent``, ``2 million``).
 
     Args:
         completion: the completion text, or a conversational completion (see :func:`completion_text`).
         gold: the gold answer; None or empty gives False.
-        truncated: the completion was cut off at the length limit, so a last number is not an answer.
+        truncated: the completion was cut off at the length limit: only a ``\\boxed{}`` counts as its answer.
         verify_timeout: time limit in seconds for math-verify on this answer; default ``$TANDEM_GRPO_VERIFY_TIMEOUT``
-            if set, else :data:`VERIFY_TIMEOUT_S` (5). Past it the answer counts as wrong and as one timeout for
-            :func:`pop_verify_timeouts`. The call returns within about this plus 1 s, in any thread (plus about
-            1 s when it starts the worker process, and any wait for other threads' checks, which run one at a
-            time).
+            if set, else :data:`VERIFY_TIMEOUT_S` (5). Past it the answer is wrong and counted; the call returns
+            within about this plus 1 s (plus worker start-up and other threads' checks, which run one at a time).
 
     Returns:
         True or False; a missing answer, a parse error or a timeout gives False.
@@ -416,7 +408,7 @@ def _truncated(
     completion_ids: Sequence[Sequence[int]] | None, max_completion_length: int | None, n: int, kwargs: dict
 ) -> list[bool]:
     if max_completion_length is None:
-        # TRL's GRPOTrainer passes its own bound method as `log_metric`: its owner knows the length limit.
+        # TRL passes its trainer's bound method as `log_metric`.
         trainer = getattr(kwargs.get("log_metric"), "__self__", None)
         max_completion_length = getattr(trainer, "max_completion_length", None)
     if completion_ids is None or not isinstance(max_completion_length, int) or max_completion_length <= 0:
@@ -437,25 +429,13 @@ def accuracy_reward(
 ) -> list[float]:
     """1.0 for each completion whose final answer equals its gold answer, else 0.0.
 
-    Follows TRL's reward-function signature ``f(completions, **kwargs) -> list[float]``: ``answer`` is the
-    dataset's gold-answer column, which TRL passes as a keyword (one gold per completion); other keywords
-    (``prompts``, ``trainer_state``, ...) are ignored. Completions may be strings or conversational message
-    lists. Correctness is :func:`is_correct`: the last ``\\boxed{}``, else the last number in the text.
-
-    Truncated completions: a completion with ``max_completion_length`` tokens (or more) in ``completion_ids`` was
-    cut off by the length limit, so its last number is wherever the cut fell, not an answer: it scores 1 only
-    through a complete ``\\boxed{}`` (the final-number fallback is off for it). TRL passes ``completion_ids``
-    (cut after the first EOS); ``max_completion_length`` defaults to the calling ``GRPOTrainer``'s, found through
-    the bound ``log_metric`` method TRL passes; with either unknown, no completion counts as truncated. TRL's own
-    test, "no EOS at the end", needs the tokenizer's EOS ids, which a reward function is not given: by length, a
-    completion whose EOS is exactly its last allowed token also counts as truncated.
-
-    Time limit: each answer's check is bounded by ``verify_timeout`` seconds (default
-    ``$TANDEM_GRPO_VERIFY_TIMEOUT`` if set, else :data:`VERIFY_TIMEOUT_S` = 5); an answer past it scores 0 and is
-    counted for :func:`pop_verify_timeouts`. A call on ``n`` completions returns within about
-    ``n * (verify_timeout + 1)`` seconds, in any thread (answers written exactly like their gold skip the check).
-    To set the limit (or ``max_completion_length``) for a trainer, pass
-    ``functools.partial(accuracy_reward, verify_timeout=10)``, which TRL still logs as ``accuracy_reward``.
+    TRL's reward-function signature; ``answer`` is the gold column (one per completion), other keywords are
+    ignored. Correctness is :func:`is_correct`. A completion with ``max_completion_length`` tokens or more in
+    ``completion_ids`` (so also one whose EOS is its last allowed token) was truncated: it scores 1 only through a
+    complete ``\\boxed{}``. ``max_completion_length`` defaults to the calling ``GRPOTrainer``'s (through the
+    ``log_metric`` TRL passes); with it or ``completion_ids`` unknown, nothing counts as truncated. Each check is
+    bounded by ``verify_timeout`` as in :func:`is_correct`; set it (or ``max_completion_length``) for a trainer
+    with ``functools.partial(accuracy_reward, verify_timeout=10)``, still logged as ``accuracy_reward``.
 
     Raises:
         ValueError: ``answer`` or ``completion_ids`` is a list whose length differs from ``completions``, or the
@@ -474,7 +454,6 @@ def accuracy_reward(
 def format_reward(completions: Sequence[Any], **kwargs: Any) -> list[float]:
     """1.0 for each completion that gives its final answer in a non-empty ``\\boxed{...}``, else 0.0.
 
-    Follows TRL's reward-function signature ``f(completions, **kwargs) -> list[float]``; completions may be
-    strings or conversational message lists, and dataset columns passed as keywords are ignored.
+    TRL's reward-function signature; other keywords are ignored.
     """
     return [1.0 if last_boxed(completion_text(c)) else 0.0 for c in completions]
