@@ -1,15 +1,10 @@
 """The one rollout type: completions with who wrote each token and the senior's score coefficients.
 
 Every way of co-generating returns a [`Rollout`][tandem_grpo.rollout.Rollout]: the transformers decode loop
-([`tandem_generate`][tandem_grpo.generation.tandem_generate]), the tandem vLLM engine in process
-([`generate_with_llm`][tandem_grpo.vllm.engine.generate_with_llm], the evaluation's
-[`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine]) and behind a server
-([`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine] on what
-[`TandemVLLMClient.generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem] returns). The trainer
-reads the authorship mask, the unit starts and the ``log p_s(B)`` coefficients from it, as the evaluation reads the
-authorship; nothing rebuilds them afterwards. The vLLM engine's logits processor keeps the authorship only, so its
-rollouts are replayed from tokens and seeds ([`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine]) and
-checked against that record.
+([`tandem_generate`][tandem_grpo.generation.tandem_generate]) and the tandem vLLM engine, in process
+([`generate_with_llm`][tandem_grpo.vllm.engine.generate_with_llm]) or behind a server
+([`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine]). The trainer and the evaluation read the handoff
+record from it; nothing rebuilds it afterwards.
 """
 
 from __future__ import annotations
@@ -32,16 +27,12 @@ class Rollout:
     Attributes:
         completion_ids: token ids, EOS included when generated (nothing after it).
         authorship: 1 where the senior wrote the token, 0 where the junior did (the authorship mask).
-        unit_starts: the token began a new unit (a handoff decision was taken there).
-        boundary_coef: in {-1, 0, 1}, the coefficient of ``log p_s(B)`` in the senior's exact score term of the
-            token ([`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients]; all 0 under
-            ``"after_boundary"``).
+        unit_starts: the token began a new unit.
+        boundary_coef: in {-1, 0, 1}, see [`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients].
         seeds: the ``B`` coin-stream seeds the completions were drawn with.
-        senior_logprobs: the senior's exact score term of each token at the sampling temperature, where the
-            generator computed it (the vLLM engine; ``None`` otherwise): ``log p_s(x)`` on senior tokens (``- log
-            p_s(B)`` where the senior took a unit over, minus the log of the mixture mass a top-k/top-p/min-p
-            truncation kept), ``log p_s(B)`` on junior tokens where the senior handed the unit over, ``NaN`` on
-            other junior tokens ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]).
+        senior_logprobs: the senior's exact score term of each token at the sampling temperature
+            ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms], less the log of the mass truncation
+            kept), ``NaN`` on junior tokens without one; from the vLLM engine, ``None`` otherwise.
         mixture_logprobs: ``log P`` of each token under the (truncated) mixture, where the generator returned it
             (the vLLM engine; ``None`` otherwise).
 
@@ -149,9 +140,8 @@ class Rollout:
         tables: BoundaryTables,
         **extra,
     ) -> Rollout:
-        """The rollout of completions drawn elsewhere, rebuilt from their tokens and coin seeds by
-        [`replay`][tandem_grpo.handoff.replay] (batched per rule: pass one rule, or one per completion). What a
-        generator that cannot return the handoff record itself (a vLLM server) uses; ``extra`` as in
+        """The rollout of completions drawn elsewhere (e.g. a vLLM server), rebuilt from tokens and coin seeds by
+        [`replay`][tandem_grpo.handoff.replay]; one rule, or one per completion; ``extra`` as in
         [`from_trace`][tandem_grpo.rollout.Rollout.from_trace].
 
         Raises:
@@ -191,12 +181,10 @@ class Rollout:
         rule: HandoffRule | Sequence[HandoffRule],
         tables: BoundaryTables,
     ) -> Rollout:
-        """The rollout of what the tandem vLLM engine returned, in process or over a server: authorship, unit starts
-        and ``log p_s(B)`` coefficients replayed from seeds and tokens
-        ([`replay`][tandem_grpo.rollout.Rollout.replay]), the authorship checked against the engine's own record, and
-        the senior's score terms: vLLM's ``log P`` plus the processor's correction on senior tokens, the processor's
-        ``log p_s(B)`` on junior tokens the senior handed a unit to, ``NaN`` on other junior tokens (see
-        [`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]).
+        """The rollout of what the tandem vLLM engine returned: the record replayed
+        ([`replay`][tandem_grpo.rollout.Rollout.replay]) and checked against the engine's authorship, and the senior's
+        score terms from vLLM's ``log P`` and the processor's record
+        ([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]).
 
         Args:
             completion_ids: token ids per completion, from vLLM.
