@@ -68,11 +68,9 @@ def cpu_process_state() -> dict[str, Any]:
 
         config = TandemGRPOConfig(output_dir="out", **cpu_process_state())
 
-    Where nothing needs it (a GPU, a single process, DDP, ``ACCELERATE_USE_CPU=true``), it does nothing and returns
-    ``{}``. Otherwise it creates ``accelerate.PartialState(backend="gloo")`` (joining the process group of every
-    rank) and returns ``{"accelerator_config": {"use_configured_state": True}}``. Under FSDP it also labels the
-    state as ``MULTI_GPU`` processes, the one thing that keeps accelerate 1.15 from enabling FSDP on a CPU; the
-    device stays ``cpu``. See the module docstring for what goes wrong without it.
+    Where nothing needs it (a GPU, a single process, DDP, ``ACCELERATE_USE_CPU=true``) it does nothing. Otherwise
+    it creates ``accelerate.PartialState(backend="gloo")`` and, under FSDP, labels it ``MULTI_GPU`` (the device
+    stays ``cpu``); the module docstring says why.
 
     Returns:
         Config fields to pass to ``TandemGRPOConfig`` (``accelerator_config``), or ``{}``.
@@ -94,8 +92,7 @@ def cpu_process_state() -> dict[str, Any]:
         )
     state = PartialState(backend="gloo")
     if launch == "fsdp":
-        # AcceleratorState enables FSDP only for device-type processes (accelerate/state.py); the device was set to
-        # the CPU above and stays so.
+        # AcceleratorState enables FSDP only for device-type processes (accelerate/state.py).
         PartialState._shared_state["distributed_type"] = DistributedType.MULTI_GPU
     if state.num_processes != int(os.environ["WORLD_SIZE"]):
         raise RuntimeError(f"The gloo process group has {state.num_processes} of {os.environ['WORLD_SIZE']} ranks.")
