@@ -8,12 +8,8 @@
   is the checklist for adopting the next TRL minor.
 - transformers 5.24 renamed the ``past_key_values`` argument of model forwards to ``cache`` (the old name warns on
   every call): [`cache_kwarg`][tandem_grpo._compat.cache_kwarg] picks the name a model's forward declares.
-- transformers 5.23 renamed ``gradient_checkpointing_*`` / ``is_gradient_checkpointing`` to
-  ``activation_checkpointing_*`` / ``is_activation_checkpointing``; TRL 1.16 still calls the old names around every
-  rollout (its own ``disable_gradient_checkpointing`` and ``unwrap_model_for_generation``, which the trainer uses
-  too).
-  [`silence_trl_deprecations`][tandem_grpo._compat.silence_trl_deprecations] ignores exactly those three messages
-  (TRL's to fix; the filter goes when the TRL pin moves past them).
+- transformers 5.23 renamed ``gradient_checkpointing_*`` to ``activation_checkpointing_*``; TRL 1.16 still calls
+  the old names around every rollout: [`silence_trl_deprecations`][tandem_grpo._compat.silence_trl_deprecations].
 - tandem-grpo's own earlier paths: a module whose public names moved gets its ``__getattr__`` from
   [`moved_names`][tandem_grpo._compat.moved_names], so the old import works for one more release with a warning.
 
@@ -117,14 +113,11 @@ TRL_DEPRECATED_CALLS = (
 
 
 def silence_trl_deprecations() -> None:
-    """Ignore the ``TRL_DEPRECATED_CALLS`` FutureWarnings, which TRL 1.16 triggers at every step (its
-    ``disable_gradient_checkpointing`` and ``unwrap_model_for_generation`` read ``is_gradient_checkpointing`` and call
-    ``gradient_checkpointing_disable/enable``) and which a user cannot act on.
+    """Ignore the ``TRL_DEPRECATED_CALLS`` FutureWarnings, which TRL 1.16's ``disable_gradient_checkpointing`` and
+    ``unwrap_model_for_generation`` trigger at every step and a user cannot act on (TRL's to fix).
 
-    One ``"ignore"`` filter for exactly those messages, added once per process and never removed: a filter changed at
-    every step would reset Python's "shown once" registries and repeat every other library's warnings; ``"once"``
-    does not survive such resets either. Filters added later (a user's ``simplefilter("error")``) take precedence.
-    No-op on transformers < 5.23, where the names are not deprecated.
+    One ``"ignore"`` filter, added once per process and never removed (changing filters every step would reset the
+    "shown once" registries); filters added later take precedence. No-op on transformers < 5.23.
     """
     from transformers import PreTrainedModel
 

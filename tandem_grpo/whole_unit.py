@@ -1,13 +1,10 @@
 """The loss terms of ``handoff_mode="whole_unit"``: the senior's ``log p_s(B)`` at handoffs (paper section 3).
 
-Under that rule the senior's exact score terms ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]) also
-carry ``log p_s(B)`` where a unit changes hands: the positions where the senior hands a unit to the junior join the
-loss mask, and every per-token log-prob TRL computes (current, old, reference) gets the term, from the backbone's
-hidden states at those positions only (a forward hook; the full logits are never materialized).
-
+The terms ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]; docs/method.md, "The two handoff rules")
+go into every per-token log-prob TRL computes (current, old, reference), from the backbone's hidden states at the
+handoff positions only (a forward hook; full logits never materialized).
 [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer] builds a
-[`WholeUnitTerms`][tandem_grpo.whole_unit.WholeUnitTerms] only when it co-generates with that rule; the default rule
-never reaches this module.
+[`WholeUnitTerms`][tandem_grpo.whole_unit.WholeUnitTerms] only under that rule.
 """
 
 from __future__ import annotations
