@@ -25,6 +25,9 @@ SHARED_DATA = Path(os.environ.get("TANDEM_GRPO_DATA_DIR") or _WORKSPACE_DATA)
 if SHARED_DATA.is_dir():
     os.environ.setdefault("TANDEM_GRPO_DATA_DIR", str(SHARED_DATA))
 
+# The example scripts find their modules (examples/paper_study) next to them, as `python examples/<script>.py` does.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+
 # Letters glue into words; " x" starts a word; "." "!" "?" end sentences; "\n" starts a word and ends a sentence.
 _LETTERS = list(string.ascii_lowercase[:8])
 TINY_VOCAB = ["<pad>", "<eos>"] + _LETTERS + [" " + c for c in _LETTERS] + ["1", "2", " 1", ".", "!", "?", "\n"]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tandem_grpo.evaluation.drift import binned_kl, drift, moved_back
+from tandem_grpo.evaluation.drift import binned_kl, drift, drift_difference, moved_back
 from tandem_grpo.evaluation.metrics import marginal_kl, token_counts
 
 V = 3000
@@ -88,6 +88,30 @@ def test_drift_by_position_and_errors() -> None:
         drift(base, base[:5])
     with pytest.raises(ValueError, match="prefix_tokens"):
         drift(base, base, prefix_tokens=0)
+
+
+def test_drift_difference_is_the_difference_of_the_drifts_with_a_paired_interval() -> None:
+    base = _sample(BASE, 40, 4, 40, seed=1)
+    shifted, plain = _sample(GRPO, 40, 4, 40, seed=3), _sample(BASE, 40, 4, 40, seed=2)
+    kw = dict(prefix_tokens=5, num_resamples=200)
+    a, b, diff = drift(shifted, base, **kw), drift(plain, base, **kw), drift_difference(shifted, plain, base, **kw)
+    for keys in ((), ("by_position", "first"), ("by_position", "rest")):
+        pa, pb, pd = a, b, diff
+        for key in keys:
+            pa, pb, pd = pa[key], pb[key], pd[key]
+        assert pd["kl_nats"]["value"] == pytest.approx(pa["kl_nats"]["value"] - pb["kl_nats"]["value"], abs=1e-12)
+        assert pd["kl_nats"]["value"] == pytest.approx(pa["excess_nats"]["value"] - pb["excess_nats"]["value"])
+    assert a["null_kl_nats"] == b["null_kl_nats"]  # the base's own halves, whatever it is compared with
+    assert diff["kl_nats"]["ci_low"] > 0  # GRPO's shift against a fresh sample of the base
+    # Paired: a model against itself differs by exactly 0 on every resample, so the interval has no width, where
+    # each drift alone has one.
+    same = drift_difference(shifted, shifted, base, num_resamples=200)["kl_nats"]
+    assert same["value"] == same["ci_low"] == same["ci_high"] == 0.0
+    assert a["kl_nats"]["ci_high"] - a["kl_nats"]["ci_low"] > 0.01
+    with pytest.raises(ValueError, match="problem counts"):
+        drift_difference(shifted, plain[:5], base)
+    with pytest.raises(ValueError, match="at least 2 per problem"):
+        drift_difference([[[1, 2]]], [[[1, 2]]], [[[1, 2]]])
 
 
 def test_moved_back_null_is_one_half_and_a_returned_checkpoint_is_seen() -> None:

@@ -1,4 +1,4 @@
-"""examples/reproduce_paper.py and its library, tandem_grpo.evaluation.compare: the comparison table and report from
+"""examples/reproduce_paper.py and its modules (examples/paper_study): the comparison table and report from
 made-up evaluation results, the dry runs of both presets (the arms' configs differ exactly where the comparison says),
 its usage errors, and one tiny end-to-end study (three arms, evaluation, report, resumed run)."""
 
@@ -15,11 +15,14 @@ from pathlib import Path
 
 import pytest
 from conftest import SHARED_DATA, child_env, save_tiny_llamas
-
-from tandem_grpo.evaluation import compare
-from tandem_grpo.evaluation.compare import ARMS
+from paper_study import pieces as study_pieces  # examples/ is on the path (conftest)
+from paper_study import plan as study_plan
+from paper_study import report as study_report
+from paper_study import table as study_table
+from paper_study.plan import ARMS
 
 SCRIPT = Path(__file__).resolve().parents[1] / "examples" / "reproduce_paper.py"
+
 # Fields that name the arm's folder or run: they differ by construction.
 PER_RUN_FIELDS = {"output_dir", "run_name", "logging_dir"}
 
@@ -159,7 +162,7 @@ def _find(table: list[dict], start: str) -> dict:
 
 
 def test_comparison_rows_and_table_from_evaluation_results():
-    rows = compare.comparison_rows(_new_evaluation(), PATHS)
+    rows = study_table.comparison_rows(_new_evaluation(), PATHS)
     assert [r["claim"] for r in rows] == ["solo capability"] * 3 + ["handoff robustness"] * 6 + ["drift"] * 8 + [
         "legibility"
     ] * 5 + ["reward hacking"] * 3 + ["pass@k curve"] * 2
@@ -167,7 +170,7 @@ def test_comparison_rows_and_table_from_evaluation_results():
     accuracy = next(r for r in rows if r["metric"] == "mean accuracy")
     assert accuracy["kind"] == "per_problem" and accuracy["arms"]["base"] == [0.0, 0.5, 1.0]
     assert accuracy["arms"]["tandem"] == [0.5, 0.5, 0.0]
-    table = compare.comparison_table([rows], 0.95, seed=0)
+    table = study_table.comparison_table([rows], 0.95, seed=0)
     row = next(r for r in table if r["metric"] == "mean accuracy")
     assert row["arms"]["tandem"]["value"] == pytest.approx(1 / 3)
     assert row["differences"]["tandem - grpo"]["paired"] is True
@@ -178,7 +181,9 @@ def test_comparison_rows_and_table_from_evaluation_results():
     moved = _find(table, "share of GRPO's most-shifted tokens moved back (earlier")
     assert moved["arms"]["grpo"] is None and moved["differences"]["tandem - grpo"] is None
     # Pooled over two seeds: per-problem values averaged before the bootstrap, scalars averaged with their range.
-    pooled = compare.comparison_table([rows, compare.comparison_rows(_new_evaluation(shift=1), PATHS)], 0.95, seed=0)
+    pooled = study_table.comparison_table(
+        [rows, study_table.comparison_rows(_new_evaluation(shift=1), PATHS)], 0.95, seed=0
+    )
     accuracy = next(r for r in pooled if r["metric"] == "mean accuracy")
     assert accuracy["arms"]["grpo"]["value"] == pytest.approx((0.25 + 0.5 + 0.0) / 3)
     assert _find(pooled, "smoothed KL(model || base), nats, whole")["seed_range"]["grpo"] == [0.1, 0.1]
@@ -188,15 +193,15 @@ def test_comparison_rows_and_table_from_evaluation_results():
                                                                              "ci_low": None, "ci_high": None}
     }  # fmt: skip
 
-    header, cells = compare.table_rows(table)
+    header, cells = study_table.table_rows(table)
     assert header[2:6] == ["base", "GRPO", "tandem", "KL-to-junior"] and len(cells) == len(table)
-    markdown = compare.markdown_table(table)
+    markdown = study_table.markdown_table(table)
     assert markdown.count("\n") == len(table) + 1 and "KL(model \\|\\| base)" in markdown
-    assert compare.html_table(table).count("<tr>") == len(table) + 1
+    assert study_table.html_table(table).count("<tr>") == len(table) + 1
 
 
 def test_comparison_shows_the_new_figures_with_their_intervals_and_nulls():
-    table = compare.comparison_table([compare.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
+    table = study_table.comparison_table([study_table.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
     metrics = [r["metric"] for r in table]
     # The paper's protocol comes first among the schedules, then the training rule; each with the senior's share.
     handoff = [m for r, m in zip(table, metrics, strict=True) if r["claim"] == "handoff robustness"]
@@ -245,18 +250,18 @@ def test_comparison_shows_the_new_figures_with_their_intervals_and_nulls():
     assert _find(table, "repeated 4-gram share")["arms"]["tandem"]["value"] == pytest.approx(0.1)
     assert _find(table, "share of the solo text inside")["arms"]["kl_to_junior"]["value"] == pytest.approx(0.02)
     # Cells: every figure with its interval or "(no interval)", nulls beside the figure they belong to.
-    cells = dict(zip(metrics, compare.table_rows(table)[1], strict=True))
+    cells = dict(zip(metrics, study_table.table_rows(table)[1], strict=True))
     assert cells[excess["metric"]][5] == "1.500 [1.400, 1.600]; null 0.090 [0.070, 0.110]"
     assert cells[excess["metric"]][6] == "0.500 (no interval)"
     assert cells[share["metric"]][2] == "—"
     assert cells[pooled["metric"]][4] == "2.100 (no interval)"
-    assert "not measured" not in compare.markdown_table(table)
+    assert "not measured" not in study_table.markdown_table(table)
 
 
 def test_comparison_of_an_earlier_results_json_shows_not_measured():
     """Results written before issue 19's figures render: the new rows read "not measured", the earlier figures stay."""
-    table = compare.comparison_table([compare.comparison_rows(_evaluation(), PATHS)], 0.95, seed=0)
-    new_table = compare.comparison_table([compare.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
+    table = study_table.comparison_table([study_table.comparison_rows(_evaluation(), PATHS)], 0.95, seed=0)
+    new_table = study_table.comparison_table([study_table.comparison_rows(_new_evaluation(), PATHS)], 0.95, seed=0)
     # The same headline rows as new results (word_p0.5 there, word here: the schedule's name as written).
     assert [r["claim"] for r in table] == [r["claim"] for r in new_table]
     for start in ("alternating (paper's protocol) pass@1", "word (training rule) senior share", "excess drift",
@@ -272,17 +277,17 @@ def test_comparison_of_an_earlier_results_json_shows_not_measured():
     assert pooled["arms"]["tandem"]["value"] == 2.0 and pooled["arms"]["base"]["value"] == 0.8
     word = _find(table, "word (training rule) pass@1")  # correct counts [1, 1, 2] of 2
     assert word["arms"]["tandem"]["value"] == pytest.approx(2 / 3)
-    markdown = compare.markdown_table(table)
+    markdown = study_table.markdown_table(table)
     assert "| excess drift from base over null (binned KL, nats), whole completion | — | not measured |" in markdown
     study = {
         "study": {"preset": "cpu-small", "base": "base", "seeds": [1], "command": "reproduce_paper.py",
                   "arms": {arm: {"training": {"1": None}} for arm in ARMS}},
         "comparison": {"confidence": 0.95, "seeds": {"1": table}},
     }  # fmt: skip
-    report = compare.markdown_report(study)
+    report = study_report.markdown_report(study)
     assert "not measured" in report and "## Where each row comes from" in report
     assert "`<arm>.drift_with_null.excess_nats (null: null_kl_nats)`" in report
-    assert "not measured" in compare.html_report(study)
+    assert "not measured" in study_report.html_report(study)
 
 
 def test_the_committed_cpu_small_results_still_render():
@@ -292,8 +297,8 @@ def test_the_committed_cpu_small_results_still_render():
         pytest.skip(f"{path} missing")
     evaluation = json.loads(path.read_text())["evaluation"]["1"]
     paths = dict(zip(ARMS, evaluation["checkpoints"], strict=True))
-    table = compare.comparison_table([compare.comparison_rows(evaluation, paths)], 0.95, seed=0)
-    cells = dict(zip([r["metric"] for r in table], compare.table_rows(table)[1], strict=True))
+    table = study_table.comparison_table([study_table.comparison_rows(evaluation, paths)], 0.95, seed=0)
+    cells = dict(zip([r["metric"] for r in table], study_table.table_rows(table)[1], strict=True))
     assert cells["pass@1"][3] == "0.037 [0.000, 0.075]"
     assert cells["excess drift from base over null (binned KL, nats), whole completion"][3] == "not measured"
     assert cells["smoothed KL(model || base), nats, whole completion (earlier estimator, no null)"][3] == (
@@ -303,12 +308,12 @@ def test_the_committed_cpu_small_results_still_render():
 
 def test_training_summary_splits_the_kl_term_from_the_policy_loss():
     history = [{"loss": 1.0, "kl": 2.0, "reward": 0.5}, {"loss": 3.0, "kl": 4.0, "reward": None}, {"train_runtime": 9}]
-    summary = compare.training_summary(history, beta=0.5)
+    summary = study_pieces.training_summary(history, beta=0.5)
     assert summary["logged_steps"] == 2 and summary["mean_kl_term"] == pytest.approx(1.5)
     assert summary["mean_policy_loss"] == pytest.approx(0.5) and summary["mean_reward"] == 0.5
     assert summary["mean_senior_token_fraction"] is None and summary["train_runtime_seconds"] == 9
     with pytest.raises(ValueError, match="unknown arm 'ppo'"):
-        compare.arm_config(None, "ppo", 1, Path("out"), 0.04)
+        study_plan.arm_config(None, "ppo", 1, Path("out"), 0.04)
 
 
 def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
@@ -332,7 +337,7 @@ def test_dry_run_cpu_small(study, tmp_path, capsys, no_model_loading):
     # The evaluation asks the held-out questions the way training asked: the same instruction, appended once.
     assert all(not r["question"].endswith(instruction) for r in plan.eval_rows)
     assert plan.evaluation.instruction == "one_line"
-    assert plan.shared.max_steps * study.prompts_per_step(plan.shared) == len(plan.train_dataset)
+    assert plan.shared.max_steps * study_plan.prompts_per_step(plan.shared) == len(plan.train_dataset)
 
 
 def test_dry_run_gpu_1(study, tmp_path, capsys, no_model_loading):
@@ -505,7 +510,7 @@ def check_report(report: Path) -> None:
     assert {row["claim"] for row in table} == {
         "solo capability", "handoff robustness", "drift", "legibility", "reward hacking", "pass@k curve"
     }  # fmt: skip
-    assert results["comparison"]["intervals"] == compare.INTERVALS
+    assert results["comparison"]["intervals"] == study_table.INTERVALS
     solo = next(row for row in table if row["metric"] == "pass@1")
     assert set(solo["arms"]) == {"base", "grpo", "tandem", "kl_to_junior"}
     assert all(
@@ -526,6 +531,20 @@ def check_report(report: Path) -> None:
     assert share["ci_low"] <= share["value"] <= share["ci_high"] <= 1.0
     ce = by_metric["junior cross-entropy, nats/token (authors' averaging)"]
     assert all(ce["arms"][a]["ci_low"] is not None and "null" in ce["arms"][a] for a in ("base", *ARMS))
+    # Differences between arms of the figures computed from samples: a paired interval around the difference of the
+    # arms' values (drift: the same null subtracted from both).
+    for row in (excess, ce):
+        for a, b in (("tandem", "grpo"), ("kl_to_junior", "grpo")):
+            d = row["differences"][f"{a} - {b}"]
+            assert d["paired"] is True and d["ci_low"] <= d["value"] <= d["ci_high"]
+            assert d["value"] == pytest.approx(row["arms"][a]["value"] - row["arms"][b]["value"], abs=1e-9)
+    # The first section: did each arm learn (pass@1 against the base)?
+    learnt = results["comparison"]["learnt"]["1"]
+    assert set(learnt) == set(ARMS) and all(isinstance(v["learnt"], bool) for v in learnt.values())
+    markdown = (report / "report.md").read_text()
+    assert "## Did each arm learn?" in markdown and "seed 1, GRPO: pass@1" in markdown
+    if (report.parent / "base" / "samples.html").is_file():  # the committed fixture keeps no views or plots
+        assert "](../base/samples.html)" in markdown  # links into the committed pieces
     paired = by_metric["junior cross-entropy minus the junior's on its own samples, nats/token (paired)"]
     assert paired["arms"]["base"] is None and paired["arms"]["tandem"]["ci_low"] is not None
     cap = by_metric["share of solo completions cut at the token cap"]
@@ -562,9 +581,9 @@ def test_the_report_needs_the_base_and_an_arm(tmp_path, capsys, study):
     assert "needs the base piece" in capsys.readouterr().err
 
 
-def test_pilot_verdict_pairs_the_arm_with_the_base(study):
-    """The pilot's reading: per-problem accuracy of the arm minus the base's, with an interval; 'learnt' only when
-    the whole interval is above 0."""
+def test_learnt_pairs_the_arm_with_the_base(study):
+    """Did an arm learn (the pilot's reading, and the report's first section): per-problem accuracy of the arm minus
+    the base's, with an interval; 'learnt' only when the whole interval is above 0."""
     base = json.loads((FIXTURE / "base" / "results.json").read_text())
     arm = json.loads((FIXTURE / "seed-1" / "grpo" / "results.json").read_text())
     (entry,) = arm["checkpoints"].values()
@@ -572,14 +591,14 @@ def test_pilot_verdict_pairs_the_arm_with_the_base(study):
     problems = len(entry["solo"]["correct_per_problem"])
     base["junior"]["solo"]["correct_per_problem"] = [0] * problems
     entry["solo"]["correct_per_problem"] = [n] * problems  # every sample right: learnt
-    verdict = study.pilot_verdict(base, arm)
+    verdict = study_pieces.learnt(base, arm)
     assert verdict["learnt"] and verdict["arm_pass@1"] == 1.0 and verdict["base_pass@1"] == 0.0
     entry["solo"]["correct_per_problem"] = [0] * problems  # no change: not learnt
-    verdict = study.pilot_verdict(base, arm)
+    verdict = study_pieces.learnt(base, arm)
     assert not verdict["learnt"] and verdict["difference"]["value"] == 0.0
     entry["solo"]["correct_per_problem"] = [0] * (problems + 1)
     with pytest.raises(ValueError, match="different problems"):
-        study.pilot_verdict(base, arm)
+        study_pieces.learnt(base, arm)
 
 
 def test_the_report_refuses_a_piece_evaluated_otherwise(study, tmp_path):

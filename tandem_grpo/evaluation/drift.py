@@ -214,32 +214,100 @@ def drift(
     )
     if prefix_tokens is not None:
         out["by_position"] = {"prefix_tokens": prefix_tokens}
-        for part, cut in (("first", slice(None, prefix_tokens)), ("rest", slice(prefix_tokens, None))):
-            sliced_m = [[list(c)[cut] for c in g] for g in model]
-            sliced_b = [[list(c)[cut] for c in g] for g in base]
+        for part in ("first", "rest"):
+            sliced_m, sliced_b = _by_position(model, part, prefix_tokens), _by_position(base, part, prefix_tokens)
             out["by_position"][part] = _drift_block(
                 sliced_m, sliced_b, bins, weights, confidence, _method(num_resamples, seed)
             )
     return out
 
 
-def _drift_block(model, base, bins, weights, confidence, method) -> dict:
+def _kl_rows(model, base, bins, weights) -> tuple[torch.Tensor, torch.Tensor, int, int]:
+    """``(arm, null, model tokens, base tokens)``: the binned KL of the model's halves against the base's and of the
+    base's two halves, each float64 ``[1 + R]`` (row 0 the point estimate, then one per resample of ``weights``)."""
     even, odd = (lambda i: i % 2 == 0), (lambda i: i % 2 == 1)
     ids = _vocabulary(model, base)
     m_even, m_odd = _problem_counts(_subset(model, even), ids), _problem_counts(_subset(model, odd), ids)
     b_even, b_odd = _problem_counts(_subset(base, even), ids), _problem_counts(_subset(base, odd), ids)
     me, mo, be, bo = (weights @ c for c in (m_even, m_odd, b_even, b_odd))
     arm = (binned_kl(me, bo, bins) + binned_kl(mo, be, bins)) / 2
+    # The null over the base's own ids: which of equally frequent ids become bins depends on the columns, and the
+    # null must be the base's alone, the same for every model compared with it.
+    own = _vocabulary(base)
+    be, bo = (weights @ _problem_counts(_subset(base, half), own) for half in (even, odd))
     null = (binned_kl(be, bo, bins) + binned_kl(bo, be, bins)) / 2
+    return arm, null, int(m_even.sum() + m_odd.sum()), int(b_even.sum() + b_odd.sum())
+
+
+def _drift_block(model, base, bins, weights, confidence, method) -> dict:
+    arm, null, num_tokens, base_num_tokens = _kl_rows(model, base, bins, weights)
     problems = weights.shape[1]
     return {
         "kl_nats": _estimate(arm, confidence, method, problems),
         "null_kl_nats": _estimate(null, confidence, method, problems),
         "excess_nats": _estimate(arm - null, confidence, method, problems),
-        "num_tokens": int(m_even.sum() + m_odd.sum()),
-        "base_num_tokens": int(b_even.sum() + b_odd.sum()),
+        "num_tokens": num_tokens,
+        "base_num_tokens": base_num_tokens,
         "bins": bins,
     }
+
+
+def _by_position(groups: Completions, part: str, prefix_tokens: int) -> list[list[list[int]]]:
+    cut = slice(None, prefix_tokens) if part == "first" else slice(prefix_tokens, None)
+    return [[list(c)[cut] for c in g] for g in groups]
+
+
+def drift_difference(
+    model_a: Completions,
+    model_b: Completions,
+    base: Completions,
+    *,
+    bins: int = DEFAULT_DRIFT_BINS,
+    prefix_tokens: int | None = None,
+    confidence: float = 0.95,
+    num_resamples: int = DEFAULT_NUM_RESAMPLES,
+    seed: int = 0,
+) -> dict:
+    """The drift of ``model_a`` from the base minus that of ``model_b``, with a paired interval.
+
+    Both drifts are [`drift`][tandem_grpo.evaluation.drift.drift]'s ``kl_nats`` recomputed on the same bootstrap
+    resamples of the problems (the same ``seed`` gives ``drift``'s resamples), so the value is exactly the difference
+    of the two ``drift`` values, and of their ``excess_nats`` (both subtract the same null), and what the problems
+    share cancels from the interval.
+
+    Args:
+        model_a: ``[P][k]`` solo completions (token ids) of the first model, ``k >= 2``.
+        model_b: ``[P][k]`` of the second, the same problems in the same order.
+        base: ``[P][k]`` the base's.
+        bins, prefix_tokens, confidence, num_resamples, seed: as for ``drift``.
+
+    Returns:
+        ``{"kl_nats": interval dict of a - b}``, with ``prefix_tokens`` also
+        ``"by_position": {"prefix_tokens", "first": {"kl_nats": ...}, "rest": {"kl_nats": ...}}``.
+
+    Raises:
+        ValueError: as ``drift``, for either model.
+    """
+    if not len(model_a) == len(model_b) == len(base):
+        raise ValueError(f"problem counts differ: a {len(model_a)}, b {len(model_b)}, base {len(base)}.")
+    for name, groups in (("a", model_a), ("b", model_b), ("base", base)):
+        _check_grouped(f"drift_difference ({name})", groups, 2)
+    if prefix_tokens is not None and prefix_tokens < 1:
+        raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
+    weights = _weights(len(base), num_resamples, seed)
+    method = _method(num_resamples, seed).replace("paired with the null", "paired between the models")
+
+    def difference(a, b, reference) -> dict:
+        arm_a, arm_b = _kl_rows(a, reference, bins, weights)[0], _kl_rows(b, reference, bins, weights)[0]
+        return {"kl_nats": _estimate(arm_a - arm_b, confidence, method, len(base))}
+
+    out = difference(model_a, model_b, base)
+    if prefix_tokens is not None:
+        out["by_position"] = {"prefix_tokens": prefix_tokens}
+        for part in ("first", "rest"):
+            a, b, reference = (_by_position(g, part, prefix_tokens) for g in (model_a, model_b, base))
+            out["by_position"][part] = difference(a, b, reference)
+    return out
 
 
 def _thin(a: torch.Tensor, b: torch.Tensor, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:

