@@ -68,6 +68,13 @@ def wide_junior(tmp_path_factory) -> str:
     return str(path)
 
 
+def _vllm_at_least(version: str) -> bool:
+    import vllm
+    from packaging.version import Version
+
+    return Version(Version(vllm.__version__).base_version) >= Version(version)
+
+
 @pytest.mark.parametrize("pairing", ["wide", "self"])
 def test_compiled_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, senior, wide_junior, pairing):
     import torch
@@ -81,7 +88,8 @@ def test_compiled_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, se
     expected_mode = "VLLM_COMPILE" if torch.cuda.is_available() else "DYNAMO_TRACE_ONCE"
     assert compilation["mode"] == expected_mode, compilation
     assert compilation["senior"] and compilation["junior"], f"both decoders compiled: {compilation}"
-    assert compilation["tags"] == ["backbone", JUNIOR_COMPILE_TAG], compilation
+    if _vllm_at_least("0.32"):  # vLLM 0.31 records no tag on the module: its VllmBackend (VLLM_COMPILE only) reads it
+        assert compilation["tags"] == ["backbone", JUNIOR_COMPILE_TAG], compilation
     # Each decoder's compile caches are keyed by its own config (a junior keyed by the senior's would load the
     # senior's compiled artifact).
     assert compilation["keyed_hidden"] == [16, 32 if pairing == "wide" else 16], compilation
