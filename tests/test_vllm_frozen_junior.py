@@ -76,14 +76,20 @@ if __name__ == "__main__":  # vLLM starts its engine with spawn
         output_dir=output_dir, vllm_mode="colocate", junior_model_name_or_path=junior, **settings["training"]
     )
     dataset = Dataset.from_dict({"prompt": settings["train_prompts"] * 4})
-    llm_kwargs = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 1 << 27}
-    with use_tandem_vllm(args, **llm_kwargs):
+    with use_tandem_vllm(args, **settings["llm_kwargs"]):
         trainer = TandemGRPOTrainer(
             model=senior, reward_funcs=length_reward, args=args, train_dataset=dataset,
             eval_dataset=Dataset.from_dict({"prompt": settings["train_prompts"]}),
             processing_class=build_tiny_tokenizer(),
         )
     llm = trainer.vllm_generation.llm
+    tandem = llm.llm_engine.model_executor.driver_worker.model_runner.model
+
+    def compiled(module):  # vLLM's @support_torch_compile state of the inner decoder (LlamaModel)
+        inner = module.model
+        if getattr(inner, "do_not_compile", True):
+            return False
+        return bool(inner.compiled or getattr(inner, "aot_compiled_fn", None) is not None)
 
     def measure():
         prompts, seeds, rules, probabilities = [], [], [], []
@@ -109,6 +115,13 @@ if __name__ == "__main__":  # vLLM starts its engine with spawn
     trainer.model.save_pretrained(output_dir + "/trained")
     out["eval"] = trainer.evaluate()
     out["steps"] = trainer.state.global_step
+    mode = llm.llm_engine.vllm_config.compilation_config.mode
+    out["compilation"] = {"mode": getattr(mode, "name", str(mode)), "senior": compiled(tandem.senior),
+                          "junior": compiled(tandem.junior),
+                          "tags": [getattr(m.model, "_compile_tag", None) for m in (tandem.senior, tandem.junior)],
+                          # the hidden size of the config each decoder's compile caches are keyed by
+                          "keyed_hidden": [getattr(m.model, "vllm_config").model_config.hf_config.hidden_size
+                                           for m in (tandem.senior, tandem.junior)]}
     print("RESULT " + json.dumps(out), flush=True)
 """
 
@@ -169,9 +182,14 @@ def _check(phase: list[dict], junior, senior, other_seniors: list, phase_name: s
     _assert_engine_computes(by_q[0.0], senior, other_seniors, f"{phase_name} senior")
 
 
-def _settings() -> str:
+EAGER = {"dtype": "float32", "enforce_eager": True, "kv_cache_memory_bytes": 1 << 27}
+"""The engine arguments of these tests (``tests/test_vllm_compiled.py`` drops ``enforce_eager``)."""
+
+
+def _settings(llm_kwargs: dict = EAGER) -> str:
     return json.dumps(
         {
+            "llm_kwargs": llm_kwargs,
             "training": TRAINING,
             "train_prompts": TRAIN_PROMPTS,
             "prompts": PROMPTS,
@@ -181,27 +199,43 @@ def _settings() -> str:
     )
 
 
-@pytest.mark.parametrize("pairing", ["self", "named"])
-def test_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, tiny_dirs, pairing):
-    junior_path = tiny_dirs["junior"] if pairing == "named" else ""
+def run_colocate(tmp_path, senior: str, junior: str | None, llm_kwargs: dict = EAGER, env: dict | None = None) -> dict:
+    """Train the tiny ``senior`` in colocate mode in a subprocess (COLOCATE_SCRIPT) with the engine arguments
+    ``llm_kwargs``; return its RESULT (the engine's log-probs before and after training, the evaluation, the
+    compilation state). The trained senior is saved to ``tmp_path / "out" / "trained"``."""
     script = tmp_path / "colocate.py"
     script.write_text(COLOCATE_SCRIPT)
-    command = [sys.executable, str(script), tiny_dirs["senior"], junior_path, str(tmp_path / "out"), _settings()]
-    proc = subprocess.run(command, capture_output=True, text=True, timeout=900, env=child_env())
+    command = [sys.executable, str(script), senior, junior or "", str(tmp_path / "out"), _settings(llm_kwargs)]
+    proc = subprocess.run(command, capture_output=True, text=True, timeout=1800, env={**child_env(), **(env or {})})
     lines = [line for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
     assert proc.returncode == 0 and lines, proc.stderr[-6000:]
     result = json.loads(lines[-1].removeprefix("RESULT "))
+    result["log"] = proc.stdout + proc.stderr  # vLLM logs to stdout
     assert result["steps"] == 2, "the senior really trained"
+    return result
 
-    initial = _load(tiny_dirs["senior"])
-    junior = _load(junior_path) if junior_path else initial
+
+def check_colocate(tmp_path, result: dict, senior: str, junior: str | None) -> None:
+    """Through the engine's log-probs of ``result``: the junior computes its initial function before and after
+    training, the senior the initial then the trained one; evaluation rollouts are the senior's alone."""
+    initial = _load(senior)
+    junior_model = _load(junior) if junior else initial
     trained = _load(str(tmp_path / "out" / "trained"))
-    _check(result["initial"], junior, initial, [], "initial")
-    _check(result["trained"], junior, trained, [initial], "trained")
+    _check(result["initial"], junior_model, initial, [], "initial")
+    _check(result["trained"], junior_model, trained, [initial], "trained")
 
     # Evaluation rollouts are the senior's alone by default (TRL's own vLLM generate, no tandem request).
     assert result["eval"]["eval_tandem/senior_token_fraction"] == 1.0
     assert result["eval"]["eval_completions/mean_length"] > 0
+
+
+@pytest.mark.parametrize("pairing", ["self", "named"])
+def test_colocate_junior_stays_frozen_through_weight_syncs(tmp_path, tiny_dirs, pairing):
+    junior = tiny_dirs["junior"] if pairing == "named" else None
+    result = run_colocate(tmp_path, tiny_dirs["senior"], junior)
+    assert result["compilation"]["mode"] == "NONE", "enforce_eager: no compilation"
+    assert not result["compilation"]["senior"] and not result["compilation"]["junior"]
+    check_colocate(tmp_path, result, tiny_dirs["senior"], junior)
 
 
 @pytest.fixture(scope="module", params=["self", "named"])

