@@ -1,7 +1,9 @@
 """What every backend must agree on when it samples a tandem completion: the sampling settings, the truncation of
 the mixture, the EOS ids and the seeds. The transformers loop, the vLLM logits processor, the vLLM client and the
 evaluation suite all take them from here. ``temperature`` and ``repetition_penalty`` act on each model's logits
-before mixing; ``top_k``, ``top_p``, ``min_p`` truncate the mixture (docs/method.md, "Sampling").
+before mixing; ``top_k``, ``top_p``, ``min_p`` truncate the mixture (docs/method.md, "Sampling"). The settings a
+trainer's ``generation_kwargs`` ask for are read here too
+([`sampling_from_generation_kwargs`][tandem_grpo.sampling.sampling_from_generation_kwargs]).
 """
 
 from __future__ import annotations
@@ -209,3 +211,94 @@ def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
     if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
         ids = [tokenizer.eos_token_id, *ids]
     return [int(i) for i in ids]
+
+
+# --------------------------------------------------------------- settings from `generate`'s keyword arguments
+
+_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
+
+# Keys of `generate` that change nothing at these values (None: `GenerationConfig`'s "unset").
+_INERT = {
+    "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "diversity_penalty": (0.0,),
+    "no_repeat_ngram_size": (0,), "encoder_no_repeat_ngram_size": (0,), "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,), "min_new_tokens": (0,), "min_length": (0,),
+    "renormalize_logits": (False,), "remove_invalid_values": (False,), "token_healing": (False,),
+    "output_attentions": (False,), "output_hidden_states": (False,), "output_scores": (False,),
+    "output_logits": (False,), "return_dict_in_generate": (False,), "low_memory": (False,),
+    "do_sample": (True,), "use_cache": (True,), "cache_implementation": ("dynamic",),
+}  # fmt: skip
+# Beam-search settings, inert without beams; and settings about compiling `generate`, which the loop does not use.
+_INERT_ALWAYS = ("length_penalty", "early_stopping", "disable_compile", "compile_config", "pad_token_id",
+                 "bos_token_id")  # fmt: skip
+_WHY = {
+    "num_beams": "beam search keeps several hypotheses per completion, while a tandem rollout draws one token at a "
+    "time from the two models' mixture",
+    "num_beam_groups": "beam search is not a tandem rollout",
+    "diversity_penalty": "beam search is not a tandem rollout",
+    "num_return_sequences": "GRPOTrainer already repeats each prompt num_generations times",
+    "do_sample": "tandem rollouts always sample (a low temperature comes close to greedy)",
+    "use_cache": "the loop always decodes with each model's cache",
+    "cache_implementation": "the loop builds each model's dynamic cache as generate does by default (set "
+    "GRPOConfig.cache_implementation=None)",
+}
+
+
+def _refusal(key: str, value, eos_token_ids: list[int], scoring_temperature: float | None) -> str | None:
+    """Why co-generation cannot honour ``generate``'s ``key=value``; ``None`` when it can."""
+    if key == "temperature" and None not in (value, scoring_temperature) and value != scoring_temperature:
+        return (
+            f"the loss scores the senior's log-probabilities at temperature={scoring_temperature} and the exact "
+            "tandem gradient needs the rollouts drawn at that temperature (set GRPOConfig.temperature instead)"
+        )
+    if key == "eos_token_id" and value is not None:
+        ids = [value] if isinstance(value, int) else list(value)
+        if set(ids) != set(eos_token_ids):
+            return f"co-generation ends completions at the trainer's EOS ids {sorted(eos_token_ids)}"
+        return None
+    if key in _SAMPLING_KEYS or key == "max_new_tokens" or key in _INERT_ALWAYS or value is None:
+        return None
+    if value in _INERT.get(key, ()):
+        return None
+    return _WHY.get(
+        key, "co-generation honours only temperature, top_p, top_k, min_p, repetition_penalty and max_new_tokens"
+    )
+
+
+def sampling_from_generation_kwargs(
+    generation_kwargs: dict, eos_token_ids: list[int], scoring_temperature: float | None = None
+) -> tuple[SamplingSettings, int | None]:
+    """The sampling settings and completion cap co-generation takes from ``generate``'s keyword arguments
+    (``GRPOTrainer.generation_kwargs``). Honoured: the five [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]
+    fields and ``max_new_tokens``; accepted: the trainer's ``eos_token_id``, ``pad_token_id``, ``bos_token_id``, the
+    compile switches, beam settings without beams, and any key at its "off" value or ``None``.
+
+    Args:
+        generation_kwargs: the keyword arguments.
+        eos_token_ids: the EOS ids co-generation stops at (the trainer's).
+        scoring_temperature: the temperature the loss scores log-probabilities at (``GRPOConfig.temperature``); a
+            sampling ``temperature`` that differs is refused, since the exact tandem gradient needs both equal.
+
+    Returns:
+        ``(settings, max_new_tokens)``; ``max_new_tokens`` is ``None`` when not given.
+
+    Raises:
+        ValueError: the first key co-generation cannot honour (beam search, greedy decoding, several sequences per
+            prompt, a static cache, other EOS ids, another temperature, other processors), naming it, why and the fix.
+    """
+    sampling, cap = {}, None
+    for key, value in generation_kwargs.items():
+        why = _refusal(key, value, eos_token_ids, scoring_temperature)
+        if why is not None:
+            raise ValueError(
+                f"generation_kwargs[{key!r}]={value!r} cannot be honoured by tandem co-generation: {why}. Remove "
+                f"{key!r} from GRPOConfig.generation_kwargs, or keep it with senior-only rollouts "
+                "(junior_probability=0 or kl_to_junior=True)."
+            )
+        if key in _SAMPLING_KEYS and value is not None:
+            sampling[key] = value
+        elif key == "max_new_tokens" and value is not None:
+            cap = int(value)
+    try:
+        return SamplingSettings(**sampling), cap
+    except ValueError as err:
+        raise ValueError(f"generation_kwargs: {err}") from err

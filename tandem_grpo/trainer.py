@@ -33,7 +33,7 @@ from ._compat import check_trl_version, moved_names, silence_trl_deprecations
 from .authorship import authorship_counts, authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
-from .generation import check_co_generation_model, sampling_from_generation_kwargs, tandem_generate
+from .generation import check_co_generation_model, tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables
 from .junior import (
@@ -47,7 +47,7 @@ from .junior import (
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .rollout import Rollout
-from .sampling import COIN_SEED_MASK, SamplingSettings
+from .sampling import COIN_SEED_MASK, SamplingSettings, sampling_from_generation_kwargs
 from .sampling import rollout_seed as _seed_at  # not `rollout_seed`: that name is the deprecated path
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
 

@@ -124,6 +124,10 @@ def test_pyproject_pins_the_tested_trl_range():
         ("tandem_grpo.evaluation.backends", "VLLMBackend", "tandem_grpo.evaluation.vllm_backend", "VLLMBackend"),
         ("tandem_grpo.vllm.rollout", "use_tandem_vllm", "tandem_grpo.vllm.trl_generation", "use_tandem_vllm"),
         ("tandem_grpo.vllm.rollout", "generate_tandem", "tandem_grpo.vllm.trl_generation", "tandem_generate_vllm"),
+        ("tandem_grpo.vllm.processor", "tandem_extra_args", "tandem_grpo.vllm.request_args", "tandem_extra_args"),
+        ("tandem_grpo.vllm.processor", "pop_records", "tandem_grpo.vllm.side_records", "pop_records"),
+        ("tandem_grpo.generation", "sampling_from_generation_kwargs", "tandem_grpo.sampling",
+         "sampling_from_generation_kwargs"),
     ],
 )  # fmt: skip
 def test_moved_names_keep_working_with_a_warning(old, name, new, new_name):

@@ -76,6 +76,29 @@ def test_each_completion_mean_leaves_out_its_trailing_eos():
     assert abs(_mean(nll0) - per_ce[0]) > 1e-3
 
 
+def test_a_problems_samples_share_one_prompt_pass_and_score_as_if_each_ran_alone():
+    senior, junior = tiny_llama(1), tiny_llama(0)
+    # Two problems x 3 samples (problem-major, as the evaluation writes them), then a lone prompt.
+    prompts = [[5, 9, 13]] * 3 + [[7, 11, 4, 6]] * 3 + [[3, 3]]
+    completions = [[8, 9, 10, 2], [20, 21], [1], [30, 31, 32, 33, 34], [40], [41, 42, 1], [50, 51]]
+    calls = []
+    hook = junior.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape),
+                                            with_kwargs=True)  # fmt: skip
+    out = legibility(senior, junior, prompts, completions, pad_token_id=0, batch_size=4, eos_token_ids=EOS)
+    hook.remove()
+    # Each problem: one pass over its prompt alone, one over its samples' completions; the lone prompt: one pass.
+    assert calls == [(1, 3), (3, 3), (1, 4), (3, 4), (1, 4)]
+    got = out["per_completion"]
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        nll, overlap = _per_token(senior, junior, p, c)
+        n = len(c) - (1 if c[-1] in EOS else 0)
+        if n == 0:
+            assert got["junior_cross_entropy"][i] is None
+            continue
+        assert got["junior_cross_entropy"][i] == pytest.approx(_mean(nll[:n]), rel=1e-5)
+        assert got["overlap"][i] == pytest.approx(_mean(overlap[:n]), rel=1e-5)
+
+
 def test_mean_over_completions_is_not_the_pooled_token_mean_when_lengths_differ():
     junior = tiny_llama(0)
     prompts = [[5, 9], [7, 11]]

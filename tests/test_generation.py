@@ -461,7 +461,7 @@ _TRL_GENERATION_KWARGS = dict(max_new_tokens=12, do_sample=True, pad_token_id=0,
 
 
 def test_generation_kwargs_honoured():
-    from tandem_grpo.generation import sampling_from_generation_kwargs
+    from tandem_grpo.sampling import sampling_from_generation_kwargs
 
     settings, cap = sampling_from_generation_kwargs(_TRL_GENERATION_KWARGS, [1], 0.7)
     assert settings == SamplingSettings(temperature=0.7, top_p=0.9, top_k=5, min_p=0.0, repetition_penalty=1.1)
@@ -487,7 +487,7 @@ def test_generation_kwargs_honoured():
     ],
 )
 def test_generation_kwargs_refused_with_the_key(key, value, why):
-    from tandem_grpo.generation import sampling_from_generation_kwargs
+    from tandem_grpo.sampling import sampling_from_generation_kwargs
 
     with pytest.raises(ValueError, match=why) as err:
         sampling_from_generation_kwargs({**_TRL_GENERATION_KWARGS, key: value}, [1], 0.7)

@@ -262,7 +262,7 @@ def test_invalid_tandem_requests_are_rejected(engine, prompts):
     from vllm import SamplingParams
     from vllm.exceptions import VLLMValidationError
 
-    from tandem_grpo.vllm.processor import tandem_extra_args
+    from tandem_grpo.vllm.request_args import tandem_extra_args
 
     llm = engine[1]
     extra = tandem_extra_args(0, "bad-request", WORD)

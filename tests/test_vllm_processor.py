@@ -29,7 +29,9 @@ from tandem_grpo.handoff import (  # noqa: E402
 )
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
-from tandem_grpo.vllm.processor import TandemLogitsProcessor, pop_records, tandem_extra_args  # noqa: E402
+from tandem_grpo.vllm.processor import TandemLogitsProcessor  # noqa: E402
+from tandem_grpo.vllm.request_args import tandem_extra_args  # noqa: E402
+from tandem_grpo.vllm.side_records import pop_records  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 

@@ -216,7 +216,7 @@ def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
     from tandem_grpo.sampling import SamplingSettings
     from tandem_grpo.vllm.client import TandemVLLMClient
     from tandem_grpo.vllm.engine import new_uids, request_fields
-    from tandem_grpo.vllm.processor import tandem_extra_args
+    from tandem_grpo.vllm.request_args import tandem_extra_args
 
     client = TandemVLLMClient(base_url=server, connection_timeout=10)
     client.init_communicator(device="cpu" if CPU else 0)

@@ -99,6 +99,71 @@ def completion_logits(
     return out.logits[:, :-1, :].float()
 
 
+def shared_prompt_logits(
+    model, prompt: Sequence[int], completion_ids: torch.Tensor, completion_mask: torch.Tensor
+) -> torch.Tensor:
+    """float ``[B, T, V]`` teacher-forced logits predicting ``B`` right-padded completions of one prompt: the prompt
+    is run once and its KV cache repeated for the ``B`` completions (``DynamicCache.batch_repeat_interleave``), so a
+    group of ``k`` samples costs one prompt pass instead of ``k``. The same values as
+    [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] on the padded batch, up to
+    float rounding.
+
+    Args:
+        model: a causal LM.
+        prompt: the prompt's ids (chat template applied).
+        completion_ids: long ``[B, T]``, right-padded; completion_mask: long ``[B, T]``, 1 on real tokens.
+    """
+    device = next(model.parameters()).device
+    rows, t_len = completion_ids.shape
+    p_len = len(prompt)
+    out = model(
+        input_ids=torch.tensor([list(prompt)], device=device),
+        position_ids=torch.arange(p_len, device=device).unsqueeze(0),
+        use_cache=True,
+        logits_to_keep=1,
+    )
+    first = out.logits[:, -1:, :].float().expand(rows, 1, -1)
+    if t_len == 1:
+        return first
+    cache = out.past_key_values
+    cache.batch_repeat_interleave(rows)
+    attention_mask = torch.cat([torch.ones(rows, p_len, dtype=torch.long), completion_mask.long()], dim=1)
+    rest = model(
+        input_ids=completion_ids[:, :-1].to(device),
+        attention_mask=attention_mask[:, :-1].to(device),
+        position_ids=torch.arange(p_len, p_len + t_len - 1, device=device).expand(rows, -1),
+        past_key_values=cache,
+        use_cache=True,
+    )
+    return torch.cat([first, rest.logits.float()], dim=1)
+
+
+def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_ids, completion_mask) -> torch.Tensor:
+    """One batch's completion logits: one prompt pass for rows of one prompt (``shared_prompt``), else the padded
+    batch."""
+    if shared_prompt is not None:
+        return shared_prompt_logits(model, shared_prompt, completion_ids, completion_mask)
+    return completion_logits(model, input_ids, attention_mask, completion_ids.shape[1])
+
+
+def _batches(prompts: Sequence[Sequence[int]], batch_size: int):
+    """``(start, stop)`` row ranges of at most ``batch_size`` rows: a run of rows with one prompt (a problem's ``k``
+    samples) stays in batches of its own, scored with one prompt pass (``shared_prompt_logits``); other rows are
+    batched as they come."""
+    same = lambda a, b: b < len(prompts) and list(prompts[a]) == list(prompts[b])  # noqa: E731
+    start = 0
+    while start < len(prompts):
+        stop = start + 1
+        if same(start, stop):
+            while stop - start < batch_size and same(start, stop):
+                stop += 1
+        else:
+            while stop - start < batch_size and stop < len(prompts) and not same(stop, stop + 1):
+                stop += 1
+        yield start, stop
+        start = stop
+
+
 def _trailing_eos_free_length(ids: Sequence[int], eos: set[int]) -> int:
     """Length of ``ids`` without its trailing run of EOS ids."""
     n = len(ids)
@@ -153,17 +218,18 @@ def legibility(
     cot_ce: list[float | None] = []
     cot_overlap: list[float | None] = []
     cot_tokens: list[int] = []
-    for start in range(0, len(prompts), batch_size):
-        batch_p = prompts[start : start + batch_size]
-        batch_c = completions[start : start + batch_size]
+    for start, stop in _batches(prompts, batch_size):
+        batch_p = prompts[start:stop]
+        batch_c = completions[start:stop]
         input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
-        t_len = comp.shape[1]
-        junior_logits = completion_logits(junior, input_ids, attn, t_len)
+        shared = batch_p[0] if len(batch_p) > 1 and all(list(p) == list(batch_p[0]) for p in batch_p) else None
+        batch = (shared, input_ids, attn, comp, comp_mask)
+        junior_logits = _batch_logits(junior, *batch)
         nll = token_cross_entropy(junior_logits, comp).cpu()
         overlap = None
         if with_overlap:
             # The same module in both roles gives identical distributions: skip the second forward pass.
-            senior_logits = junior_logits if senior is junior else completion_logits(senior, input_ids, attn, t_len)
+            senior_logits = junior_logits if senior is junior else _batch_logits(senior, *batch)
             if senior_logits.shape[-1] != junior_logits.shape[-1]:
                 raise ValueError(
                     f"senior and junior logits differ in width ({senior_logits.shape[-1]} vs "

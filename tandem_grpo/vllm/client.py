@@ -33,7 +33,7 @@ from trl.generation.vllm_client import VLLMClient, parse_logprobs
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .engine import merge_records, new_uids, request_fields
-from .processor import tandem_extra_args
+from .request_args import tandem_extra_args
 
 logger = logging.getLogger(__name__)
 

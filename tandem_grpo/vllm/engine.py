@@ -26,7 +26,7 @@ from ._compat import (
     check_vllm,
     select_v1_model_runner,
 )
-from .processor import tandem_extra_args
+from .request_args import tandem_extra_args
 
 SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
 """SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor)."""
@@ -138,7 +138,7 @@ def request_fields(
     """Plain ``SamplingParams`` kwargs / OpenAI request fields of one completion, without the tandem extra args.
 
     Tandem requests (``tandem=True``) send vLLM's own ``top_k``/``top_p``/``min_p`` turned off: the logits processor
-    truncates the mixture with ``sampling`` ([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]).
+    truncates the mixture with ``sampling`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args]).
     Solo senior requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
 
     Args:

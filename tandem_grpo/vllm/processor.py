@@ -12,13 +12,9 @@ argmax-invariant, so it runs *after* vLLM has applied the penalties and the temp
 *before* vLLM's top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
 ``tandem_grpo.vllm._slot``), mixes, and truncates the mixture itself with
 [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] (top-k, then top-p, then min-p): the same function, in
-the same order, as the transformers path. Tandem requests therefore carry ``top_k``/``top_p``/``min_p`` in their extra
-args ([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]) and send vLLM's own
-``top_k``/``top_p``/``min_p`` turned off (vLLM would apply min-p before this processor and top-k/top-p after it,
-another order). Greedy requests never reach argmax-invariant processors, so tandem requests must sample
-(``temperature > 0``);
-[`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor.validate_params] enforces
-that and the other limits.
+the same order, as the transformers path. Tandem requests therefore carry their truncation in their extra args and
+must sample ([`tandem_grpo.vllm.request_args`][tandem_grpo.vllm.request_args] says what makes a request a tandem
+request and what it may not ask for).
 
 Both models' logits are cut to the ``V`` ids of the boundary tables (the tokenizer's length, see
 [`BoundaryTables.from_tokenizer`][tandem_grpo.handoff.BoundaryTables.from_tokenizer]) before mixing; columns past ``V``
@@ -29,35 +25,14 @@ The processor needs vLLM's async scheduling off ([`engine_kwargs`][tandem_grpo.v
 ``async_scheduling=False``): with it on, a request's last sampled token can still be a placeholder (``-1``) when
 the processor runs, and the rule state would be one token behind; the processor raises instead.
 
-Requests opt in through ``SamplingParams.extra_args``
-([`tandem_extra_args`][tandem_grpo.vllm.processor.tandem_extra_args]); other requests in the same batch are left
-untouched (plain senior sampling), which is how the tests compare tandem with solo generation in one engine.
-
-Side records, read back by the client ([`pop_records`][tandem_grpo.vllm.processor.pop_records], reached through the
-worker extension's ``collective_rpc``): per request uid, the author of each completion token the processor has advanced
-over, and per position what turns vLLM's log-prob into the senior's exact score term
-([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]). vLLM returns ``log P'(x_t)``, the log-probability
-under the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the
-log-softmax of what this processor wrote, since vLLM's own top-k/top-p are off for tandem requests); ``Z_t`` is the
-mixture mass the truncation kept (1 without truncation). The records:
-
-- ``corrections[t]``: ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t`` (``B`` not every
-  token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, so
-  ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
-  ``P = p_s`` (every position of ``after_boundary``).
-- ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
-  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere. It carries no
-  ``- log Z_t``: under truncation (top-k/top-p/min-p; off by default) TRL's importance ratio at these positions
-  compares the senior's untruncated boundary mass.
+The authorship and score records the processor keeps per request are described in
+[`tandem_grpo.vllm.side_records`][tandem_grpo.vllm.side_records].
 """
 
 from __future__ import annotations
 
 import math
-import threading
-import weakref
-from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from itertools import compress
 from operator import itemgetter
 
@@ -67,6 +42,7 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
+from .._compat import moved_names
 from ..handoff import (
     SENIOR,
     BoundaryTables,
@@ -75,108 +51,21 @@ from ..handoff import (
     advance,
     boundary_mask,
     handoff_rows,
-    init_state,
     mixture_logprobs,
     nonfinite_flags,
     raise_nonfinite,
-    validate_rule_fields,
 )
 from ..sampling import SamplingSettings, truncate_logprobs
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
+from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
+from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, record_for
 
-SEED_KEY = "tandem_seed"
-UID_KEY = "tandem_uid"
-GRANULARITY_KEY = "tandem_granularity"
-PROBABILITY_KEY = "tandem_junior_probability"
-MAX_GAP_KEY = "tandem_max_gap_tokens"
-MODE_KEY = "tandem_handoff_mode"
-TOP_K_KEY = "tandem_top_k"
-TOP_P_KEY = "tandem_top_p"
-MIN_P_KEY = "tandem_min_p"
-MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
-_SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
-
-
-def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
-    """``SamplingParams.extra_args`` (or the OpenAI server's ``vllm_xargs``) that make a request a tandem request.
-
-    Args:
-        seed: the request's coin-stream seed (any int; hashed to 32 bits by the rule).
-        uid: a string unique per request, the key of its side records
-            ([`pop_records`][tandem_grpo.vllm.processor.pop_records]).
-        rule: the handoff rule.
-        sampling: its ``top_k``, ``top_p`` and ``min_p`` truncate the mixture here (default: no truncation); the
-            request's own ``top_k``/``top_p``/``min_p`` must be off
-            ([`request_fields`][tandem_grpo.vllm.engine.request_fields]) and its temperature and repetition penalty are
-            the request's.
-    """
-    sampling = sampling or SamplingSettings()
-    return {
-        SEED_KEY: int(seed),
-        UID_KEY: str(uid),
-        GRANULARITY_KEY: rule.granularity,
-        PROBABILITY_KEY: float(rule.junior_probability),
-        MAX_GAP_KEY: int(rule.max_gap_tokens),
-        MODE_KEY: rule.mode,
-        TOP_K_KEY: int(sampling.top_k),
-        TOP_P_KEY: float(sampling.top_p),
-        MIN_P_KEY: float(sampling.min_p),
-    }
-
-
-def is_tandem_request(params: SamplingParams) -> bool:
-    return bool(params.extra_args) and SEED_KEY in params.extra_args
-
-
-def rule_from_extra_args(extra_args: dict) -> HandoffRule:
-    return HandoffRule(
-        granularity=extra_args.get(GRANULARITY_KEY, "word"),
-        junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
-        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
-        mode=extra_args.get(MODE_KEY, "after_boundary"),
-    )
-
-
-def sampling_from_params(params: SamplingParams) -> SamplingSettings:
-    """A tandem request's sampling settings: temperature and repetition penalty from the request, the mixture's
-    truncation from its extra args.
-
-    Raises:
-        ValueError: a value outside its range (see [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
-    """
-    extra = params.extra_args or {}
-    return SamplingSettings(
-        temperature=float(params.temperature),
-        top_k=extra.get(TOP_K_KEY, 0),
-        top_p=extra.get(TOP_P_KEY, 1.0),
-        min_p=extra.get(MIN_P_KEY, 0.0),
-        repetition_penalty=float(params.repetition_penalty),
-    )
-
-
-@dataclass
-class _Record:
-    """Rule state and side records of one request (by uid), on the host; survives the request leaving the batch.
-
-    While the request is in a processor's batch its state and records live in that processor's tensors and this
-    copy is stale; it is brought up to date (in one batch per call) when the request leaves the batch, when its
-    records are popped, and by [`record`][tandem_grpo.vllm.processor.TandemLogitsProcessor.record].
-    """
-
-    uid: str
-    seed: int
-    rule: HandoffRule
-    prompt_len: int
-    owner: int
-    next_owner: int
-    unit_length: int = 0
-    unit_index: int = 0
-    after_boundary: bool = False
-    position: int = 0  # completion tokens advanced over
-    authors: list[int] = field(default_factory=list)
-    corrections: list[float] = field(default_factory=list)
-    handovers: list[float] = field(default_factory=list)
+# Old import paths, for one version.
+__getattr__ = moved_names(
+    __name__,
+    {"tandem_extra_args": "tandem_grpo.vllm.request_args", "pop_records": "tandem_grpo.vllm.side_records"},
+)
 
 
 @dataclass(eq=False)
@@ -209,50 +98,6 @@ class _Group:
     top_p: float | torch.Tensor
     min_p: float | torch.Tensor
     penalized: list[_Row] | None  # the group's rows, where some carry penalties
-
-
-_RECORDS: OrderedDict[str, _Record] = OrderedDict()
-_LOCK = threading.RLock()
-_PROCESSORS: weakref.WeakSet[TandemLogitsProcessor] = weakref.WeakSet()
-_STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
-
-
-def pop_records(uids: list[str]) -> dict[str, dict]:
-    """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections": [...],
-    "handovers": [...]}}``. ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all
-    but the last token of a finished completion); ``corrections[t]`` and ``handovers[t]`` (``None`` for no handover)
-    of position ``t`` (module docstring). Unknown uids map to ``None``.
-
-    Records of requests still in a batch are first copied out of the processors' tensors (one batch per processor).
-
-    Raises:
-        FloatingPointError: a model's logits were not finite in a step since the last check.
-    """
-    with _LOCK:
-        wanted = set(uids)
-        for processor in list(_PROCESSORS):
-            processor._sync(lambda row: row.record.uid in wanted)
-        out: dict[str, dict | None] = {}
-        for uid in uids:
-            record = _RECORDS.pop(uid, None)
-            out[uid] = (
-                None
-                if record is None
-                else {
-                    "authors": record.authors,
-                    "corrections": record.corrections,
-                    # None, not NaN, where there is none: the records travel as JSON from a server.
-                    "handovers": [v if math.isfinite(v) else None for v in record.handovers],
-                }
-            )
-        return out
-
-
-def _store(record: _Record, state: HandoffState) -> None:
-    """Copy row 0 of ``state`` into ``record`` (host sync; a request's first arrival only)."""
-    values = torch.stack([getattr(state, name).long() for name in _STATE_FIELDS]).tolist()
-    record.owner, record.next_owner, record.unit_length, record.unit_index, after = (v[0] for v in values)
-    record.after_boundary = bool(after)
 
 
 def _uniform(values: list, dtype: torch.dtype, device: torch.device):
@@ -294,67 +139,20 @@ class TandemLogitsProcessor(LogitsProcessor):
         self._position = np.zeros(0, dtype=np.int64)  # completion tokens advanced over, per slot
         self._written = np.zeros(0, dtype=np.int64)  # length of the correction/handover records, per slot
         self._groups: list[_Group] = []
-        self._state = torch.zeros(0, len(_STATE_FIELDS), dtype=torch.long, device=device)
+        self._state = torch.zeros(0, len(STATE_FIELDS), dtype=torch.long, device=device)
         self._seeds = torch.zeros(0, dtype=torch.long, device=device)
         self._authors = torch.zeros(0, 0, dtype=torch.int8, device=device)
         self._corrections = torch.zeros(0, 0, dtype=torch.float32, device=device)
         self._handovers = torch.zeros(0, 0, dtype=torch.float32, device=device)
         self._nonfinite = torch.zeros(2, dtype=torch.bool, device=device)
-        _PROCESSORS.add(self)
+        PROCESSORS.add(self)
 
     # --- vLLM interface -------------------------------------------------------------------------------------------
 
     @classmethod
     def validate_params(cls, params: SamplingParams) -> None:
-        """Reject tandem requests whose settings the mixture cannot honour (runs in the API process).
-
-        Raises:
-            ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``top_k``/``top_p``/``min_p`` set
-                in SamplingParams (they belong in the extra args), or an option that vLLM applies to the senior's
-                logits alone (``logit_bias``, ``min_tokens``, ``bad_words``, ``allowed_token_ids``, structured
-                outputs).
-        """
-        if not is_tandem_request(params):
-            return
-        extra = params.extra_args
-        seed, uid = extra.get(SEED_KEY), extra.get(UID_KEY)
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise ValueError(f"{SEED_KEY}={seed!r} must be an integer.")
-        if not isinstance(uid, str) or not uid:
-            raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
-        validate_rule_fields(
-            extra.get(GRANULARITY_KEY, "word"),
-            extra.get(PROBABILITY_KEY, 0.5),
-            extra.get(MAX_GAP_KEY, 32),
-            extra.get(MODE_KEY, "after_boundary"),
-        )
-        if params.n != 1:
-            raise ValueError(
-                f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
-                "with its own seed and uid."
-            )
-        if params.temperature < _SAMPLING_EPS:
-            raise ValueError("Tandem requests must sample (temperature > 0); there is no greedy tandem decoding.")
-        if params.top_k not in (0, -1) or params.top_p < 1.0 or params.min_p:
-            raise ValueError(
-                f"Tandem requests truncate the mixture in the logits processor: pass top_k/top_p/min_p as "
-                f"extra_args['{TOP_K_KEY}'/'{TOP_P_KEY}'/'{MIN_P_KEY}'] (tandem_extra_args(..., sampling)) and leave "
-                f"SamplingParams' own off (got top_k={params.top_k}, top_p={params.top_p}, min_p={params.min_p})."
-            )
-        try:
-            sampling_from_params(params)
-        except (TypeError, ValueError) as exc:
-            raise ValueError(f"Tandem extra args: {exc}") from exc
-        senior_only = {
-            "logit_bias": params.logit_bias,
-            "min_tokens": params.min_tokens,
-            "bad_words": params.bad_words,
-            "allowed_token_ids": params.allowed_token_ids,
-            "structured_outputs": params.structured_outputs,
-        }
-        used = [name for name, value in senior_only.items() if value]
-        if used:
-            raise ValueError(f"{used} act on the senior's logits alone in vLLM; tandem requests do not support them.")
+        """[`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params] (vLLM's API process)."""
+        validate_tandem_params(params)
 
     def is_argmax_invariant(self) -> bool:
         # Not literally true; the flag places the processor after penalties/temperature and before top-k/top-p,
@@ -369,7 +167,7 @@ class TandemLogitsProcessor(LogitsProcessor):
             FloatingPointError: a model's logits were not finite in a step since the last check.
         """
         if self.enabled and process_dict_updates(self.rows, batch_update, self._new_row):
-            with _LOCK:
+            with LOCK:
                 self._rebuild()
 
     def apply(self, logits: torch.Tensor) -> torch.Tensor:
@@ -399,8 +197,8 @@ class TandemLogitsProcessor(LogitsProcessor):
     def record(self, batch_row: int) -> _Record:
         """The up-to-date record of the tandem request in ``batch_row`` (host sync; for tests and debugging)."""
         row = self.rows[batch_row]
-        with _LOCK:
-            self._sync(lambda r: r is row)
+        with LOCK:
+            self.sync_records(lambda r: r is row)
         return row.record
 
     # --- internals ------------------------------------------------------------------------------------------------
@@ -408,20 +206,8 @@ class TandemLogitsProcessor(LogitsProcessor):
     def _new_row(self, params: SamplingParams, prompt: list[int] | None, outputs: list[int]) -> _Row | None:
         if not is_tandem_request(params):
             return None
-        extra = params.extra_args
-        uid = extra[UID_KEY]
-        with _LOCK:
-            record = _RECORDS.get(uid)
-            if record is None:
-                rule = rule_from_extra_args(extra)
-                seed = int(extra[SEED_KEY])
-                record = _Record(uid=uid, seed=seed, rule=rule, prompt_len=len(prompt or []), owner=0, next_owner=0)
-                _store(record, init_state(torch.tensor([seed]), rule))
-                _RECORDS[uid] = record
-                while len(_RECORDS) > MAX_RECORDS:
-                    _RECORDS.popitem(last=False)
-            else:
-                _RECORDS.move_to_end(uid)
+        with LOCK:
+            record = record_for(params.extra_args, len(prompt or []))
         prefix = list(prompt[record.prompt_len :]) if prompt is not None else []
         return _Row(
             record=record,
@@ -433,7 +219,7 @@ class TandemLogitsProcessor(LogitsProcessor):
             presence_penalty=float(params.presence_penalty),
         )
 
-    def _sync(self, which) -> None:
+    def sync_records(self, which) -> None:
         """Copy the state and records of the live rows ``which(row)`` selects from the tensors into their
         ``_Record`` (one host transfer per tensor), after checking the deferred non-finite flags."""
         raise_nonfinite(self._nonfinite)
@@ -463,7 +249,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         new rows loaded from their records, departed rows' records copied out first."""
         live = [row for _, row in sorted(self.rows.items())]
         staying = {id(row) for row in live}
-        self._sync(lambda row: id(row) not in staying)
+        self.sync_records(lambda row: id(row) not in staying)
         old = len(self._live)
         new_rows = [row for row in live if row.slot < 0 or id(row) not in {id(r) for r in self._live}]
         width = max([self._authors.shape[1], 16] + [len(r.record.corrections) + 1 for r in new_rows])
@@ -480,8 +266,8 @@ class TandemLogitsProcessor(LogitsProcessor):
         source = torch.tensor([fresh.get(id(row), row.slot) for row in live], dtype=torch.long, device=self.device)
         records = [row.record for row in new_rows]
         new_state = torch.tensor(
-            [[getattr(r, name) for name in _STATE_FIELDS] for r in records], dtype=torch.long
-        ).reshape(len(records), len(_STATE_FIELDS))
+            [[getattr(r, name) for name in STATE_FIELDS] for r in records], dtype=torch.long
+        ).reshape(len(records), len(STATE_FIELDS))
         self._state = torch.cat([self._state, new_state.to(self.device)]).index_select(0, source)
         seeds = torch.tensor([r.seed for r in records], dtype=torch.long, device=self.device)
         self._seeds = torch.cat([self._seeds, seeds]).index_select(0, source)
@@ -618,7 +404,7 @@ class TandemLogitsProcessor(LogitsProcessor):
             state = self._handoff_state(slots)
             new, authors, _ = advance(state, tokens[slots], tables, group.rule)
             moved = pending[slots]
-            packed = torch.stack([getattr(new, name).long() for name in _STATE_FIELDS], dim=1)
+            packed = torch.stack([getattr(new, name).long() for name in STATE_FIELDS], dim=1)
             self._state[slots] = torch.where(moved.unsqueeze(1), packed, self._state[slots])
             rows = torch.arange(len(self._live), device=device)[slots]
             cols = positions[slots]

@@ -26,9 +26,9 @@ class TandemWorkerExtension:
 
         Returns:
             ``{uid: {"authors": [int], "corrections": [float], "handovers": [float | None]} | None}`` (see
-            [`pop_records`][tandem_grpo.vllm.processor.pop_records]).
+            [`pop_records`][tandem_grpo.vllm.side_records.pop_records]).
         """
-        from .processor import pop_records
+        from .side_records import pop_records
 
         return pop_records([str(uid) for uid in _decode_list(uids)])
 

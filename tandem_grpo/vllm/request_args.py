@@ -1,0 +1,137 @@
+"""What makes a vLLM request a tandem request: its ``SamplingParams.extra_args`` and their checks.
+
+Requests opt in through ``extra_args`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the
+OpenAI server's ``vllm_xargs``); other requests in the same batch are left untouched (plain senior sampling). Tandem
+requests carry ``top_k``/``top_p``/``min_p`` in their extra args and send vLLM's own turned off: the logits processor
+truncates the mixture itself, in the transformers path's order (vLLM would apply min-p before the processor and
+top-k/top-p after it). Greedy requests never reach argmax-invariant processors, so tandem requests must sample
+(``temperature > 0``); [`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params] enforces that
+and the other limits.
+"""
+
+from __future__ import annotations
+
+from vllm import SamplingParams
+
+from ..handoff import HandoffRule, validate_rule_fields
+from ..sampling import SamplingSettings
+
+SEED_KEY = "tandem_seed"
+UID_KEY = "tandem_uid"
+GRANULARITY_KEY = "tandem_granularity"
+PROBABILITY_KEY = "tandem_junior_probability"
+MAX_GAP_KEY = "tandem_max_gap_tokens"
+MODE_KEY = "tandem_handoff_mode"
+TOP_K_KEY = "tandem_top_k"
+TOP_P_KEY = "tandem_top_p"
+MIN_P_KEY = "tandem_min_p"
+_SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
+
+
+def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
+    """``SamplingParams.extra_args`` (or the OpenAI server's ``vllm_xargs``) that make a request a tandem request.
+
+    Args:
+        seed: the request's coin-stream seed (any int; hashed to 32 bits by the rule).
+        uid: a string unique per request, the key of its side records
+            ([`pop_records`][tandem_grpo.vllm.side_records.pop_records]).
+        rule: the handoff rule.
+        sampling: its ``top_k``, ``top_p`` and ``min_p`` truncate the mixture here (default: no truncation); the
+            request's own ``top_k``/``top_p``/``min_p`` must be off
+            ([`request_fields`][tandem_grpo.vllm.engine.request_fields]) and its temperature and repetition penalty are
+            the request's.
+    """
+    sampling = sampling or SamplingSettings()
+    return {
+        SEED_KEY: int(seed),
+        UID_KEY: str(uid),
+        GRANULARITY_KEY: rule.granularity,
+        PROBABILITY_KEY: float(rule.junior_probability),
+        MAX_GAP_KEY: int(rule.max_gap_tokens),
+        MODE_KEY: rule.mode,
+        TOP_K_KEY: int(sampling.top_k),
+        TOP_P_KEY: float(sampling.top_p),
+        MIN_P_KEY: float(sampling.min_p),
+    }
+
+
+def is_tandem_request(params: SamplingParams) -> bool:
+    return bool(params.extra_args) and SEED_KEY in params.extra_args
+
+
+def rule_from_extra_args(extra_args: dict) -> HandoffRule:
+    return HandoffRule(
+        granularity=extra_args.get(GRANULARITY_KEY, "word"),
+        junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
+        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
+        mode=extra_args.get(MODE_KEY, "after_boundary"),
+    )
+
+
+def sampling_from_params(params: SamplingParams) -> SamplingSettings:
+    """A tandem request's sampling settings: temperature and repetition penalty from the request, the mixture's
+    truncation from its extra args.
+
+    Raises:
+        ValueError: a value outside its range (see [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
+    """
+    extra = params.extra_args or {}
+    return SamplingSettings(
+        temperature=float(params.temperature),
+        top_k=extra.get(TOP_K_KEY, 0),
+        top_p=extra.get(TOP_P_KEY, 1.0),
+        min_p=extra.get(MIN_P_KEY, 0.0),
+        repetition_penalty=float(params.repetition_penalty),
+    )
+
+
+def validate_tandem_params(params: SamplingParams) -> None:
+    """Reject a tandem request whose settings the mixture cannot honour; other requests pass (runs in vLLM's API
+    process, through [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor]).
+
+    Raises:
+        ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``top_k``/``top_p``/``min_p`` set in
+            SamplingParams (they belong in the extra args), or an option that vLLM applies to the senior's logits
+            alone (``logit_bias``, ``min_tokens``, ``bad_words``, ``allowed_token_ids``, structured outputs).
+    """
+    if not is_tandem_request(params):
+        return
+    extra = params.extra_args
+    seed, uid = extra.get(SEED_KEY), extra.get(UID_KEY)
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise ValueError(f"{SEED_KEY}={seed!r} must be an integer.")
+    if not isinstance(uid, str) or not uid:
+        raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
+    validate_rule_fields(
+        extra.get(GRANULARITY_KEY, "word"),
+        extra.get(PROBABILITY_KEY, 0.5),
+        extra.get(MAX_GAP_KEY, 32),
+        extra.get(MODE_KEY, "after_boundary"),
+    )
+    if params.n != 1:
+        raise ValueError(
+            f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
+            "with its own seed and uid."
+        )
+    if params.temperature < _SAMPLING_EPS:
+        raise ValueError("Tandem requests must sample (temperature > 0); there is no greedy tandem decoding.")
+    if params.top_k not in (0, -1) or params.top_p < 1.0 or params.min_p:
+        raise ValueError(
+            f"Tandem requests truncate the mixture in the logits processor: pass top_k/top_p/min_p as "
+            f"extra_args['{TOP_K_KEY}'/'{TOP_P_KEY}'/'{MIN_P_KEY}'] (tandem_extra_args(..., sampling)) and leave "
+            f"SamplingParams' own off (got top_k={params.top_k}, top_p={params.top_p}, min_p={params.min_p})."
+        )
+    try:
+        sampling_from_params(params)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"Tandem extra args: {exc}") from exc
+    senior_only = {
+        "logit_bias": params.logit_bias,
+        "min_tokens": params.min_tokens,
+        "bad_words": params.bad_words,
+        "allowed_token_ids": params.allowed_token_ids,
+        "structured_outputs": params.structured_outputs,
+    }
+    used = [name for name, value in senior_only.items() if value]
+    if used:
+        raise ValueError(f"{used} act on the senior's logits alone in vLLM; tandem requests do not support them.")

@@ -1,0 +1,124 @@
+"""The tandem logits processor's side records, read back by the client
+([`pop_records`][tandem_grpo.vllm.side_records.pop_records], reached through the worker extension's
+``collective_rpc``): per request uid, the author of each completion token the processor has advanced
+over, and per position what turns vLLM's log-prob into the senior's exact score term
+([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]). vLLM returns ``log P'(x_t)``, the log-probability
+under the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode="processed_logprobs"``: the
+log-softmax of what the processor wrote, since vLLM's own top-k/top-p are off for tandem requests); ``Z_t`` is the
+mixture mass the truncation kept (1 without truncation). The records:
+
+- ``corrections[t]``: ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t`` (``B`` not every
+  token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, so
+  ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
+  ``P = p_s`` (every position of ``after_boundary``).
+- ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
+  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere. It carries no
+  ``- log Z_t``: under truncation (top-k/top-p/min-p; off by default) TRL's importance ratio at these positions
+  compares the senior's untruncated boundary mass.
+
+A record lives here, on the host, from a request's first step until it is popped; while its request is in a
+processor's batch, the processor's tensors hold the live copy.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..handoff import HandoffRule, init_state
+from .request_args import SEED_KEY, UID_KEY, rule_from_extra_args
+
+if TYPE_CHECKING:
+    from .processor import TandemLogitsProcessor
+
+MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
+STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
+
+
+@dataclass
+class _Record:
+    """Rule state and side records of one request (by uid), on the host; survives the request leaving the batch.
+
+    While the request is in a processor's batch its state and records live in that processor's tensors and this
+    copy is stale; it is brought up to date (in one batch per call) when the request leaves the batch, when its
+    records are popped, and by [`record`][tandem_grpo.vllm.processor.TandemLogitsProcessor.record].
+    """
+
+    uid: str
+    seed: int
+    rule: HandoffRule
+    prompt_len: int
+    owner: int
+    next_owner: int
+    unit_length: int = 0
+    unit_index: int = 0
+    after_boundary: bool = False
+    position: int = 0  # completion tokens advanced over
+    authors: list[int] = field(default_factory=list)
+    corrections: list[float] = field(default_factory=list)
+    handovers: list[float] = field(default_factory=list)
+
+
+_RECORDS: OrderedDict[str, _Record] = OrderedDict()
+LOCK = threading.RLock()
+"""Held while records move between the processors' tensors and ``_RECORDS``."""
+PROCESSORS: weakref.WeakSet[TandemLogitsProcessor] = weakref.WeakSet()
+"""Every live processor of this process; ``pop_records`` copies their rows out first."""
+
+
+def record_for(extra_args: dict, prompt_len: int) -> _Record:
+    """The record of the tandem request with these extra args: the stored one (a preempted request resuming), or a
+    new one holding the rule's initial state (host sync; a request's first arrival only). Call under ``LOCK``."""
+    uid = extra_args[UID_KEY]
+    record = _RECORDS.get(uid)
+    if record is not None:
+        _RECORDS.move_to_end(uid)
+        return record
+    rule = rule_from_extra_args(extra_args)
+    seed = int(extra_args[SEED_KEY])
+    record = _Record(uid=uid, seed=seed, rule=rule, prompt_len=prompt_len, owner=0, next_owner=0)
+    state = init_state(torch.tensor([seed]), rule)
+    values = torch.stack([getattr(state, name).long() for name in STATE_FIELDS]).tolist()
+    record.owner, record.next_owner, record.unit_length, record.unit_index, after = (v[0] for v in values)
+    record.after_boundary = bool(after)
+    _RECORDS[uid] = record
+    while len(_RECORDS) > MAX_RECORDS:
+        _RECORDS.popitem(last=False)
+    return record
+
+
+def pop_records(uids: list[str]) -> dict[str, dict]:
+    """Remove and return the side records of ``uids`` (JSON-ready): ``{uid: {"authors": [...], "corrections": [...],
+    "handovers": [...]}}``. ``authors[t]`` in {1 senior, 0 junior} for the tokens the processor has advanced over (all
+    but the last token of a finished completion); ``corrections[t]`` and ``handovers[t]`` (``None`` for no handover)
+    of position ``t`` (module docstring). Unknown uids map to ``None``.
+
+    Records of requests still in a batch are first copied out of the processors' tensors (one batch per processor).
+
+    Raises:
+        FloatingPointError: a model's logits were not finite in a step since the last check.
+    """
+    with LOCK:
+        wanted = set(uids)
+        for processor in list(PROCESSORS):
+            processor.sync_records(lambda row: row.record.uid in wanted)
+        out: dict[str, dict | None] = {}
+        for uid in uids:
+            record = _RECORDS.pop(uid, None)
+            out[uid] = (
+                None
+                if record is None
+                else {
+                    "authors": record.authors,
+                    "corrections": record.corrections,
+                    # None, not NaN, where there is none: the records travel as JSON from a server.
+                    "handovers": [v if math.isfinite(v) else None for v in record.handovers],
+                }
+            )
+        return out
