@@ -99,6 +99,32 @@ def test_a_problems_samples_share_one_prompt_pass_and_score_as_if_each_ran_alone
         assert got["overlap"][i] == pytest.approx(_mean(overlap[:n]), rel=1e-5)
 
 
+class _Wrapped(torch.nn.Module):
+    """A model behind a plain forward(**kwargs): no config to build a cache from, so no shared prompt pass."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def forward(self, **kwargs):
+        return self.inner(**kwargs)
+
+
+def test_a_model_without_a_dynamic_cache_is_scored_one_padded_batch_at_a_time():
+    junior = tiny_llama(0)
+    prompts, completions = [[5, 9, 13]] * 3, [[8, 9, 10, 2], [20, 21], [30, 31, 32]]
+    calls = []
+    hook = junior.register_forward_pre_hook(lambda module, args, kwargs: calls.append(kwargs["input_ids"].shape),
+                                            with_kwargs=True)  # fmt: skip
+    wrapped = legibility(None, _Wrapped(junior), prompts, completions, pad_token_id=0, eos_token_ids=EOS)
+    hook.remove()
+    assert calls == [(3, 7)]  # one padded batch: the prompt (3) + the longest completion (4)
+    shared = legibility(None, junior, prompts, completions, pad_token_id=0, eos_token_ids=EOS)
+    assert wrapped["per_completion"]["junior_cross_entropy"] == pytest.approx(
+        shared["per_completion"]["junior_cross_entropy"], rel=1e-5
+    )
+
+
 def test_mean_over_completions_is_not_the_pooled_token_mean_when_lengths_differ():
     junior = tiny_llama(0)
     prompts = [[5, 9], [7, 11]]

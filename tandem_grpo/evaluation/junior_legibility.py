@@ -30,6 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..generation import ModelCall
 from .stats import DEFAULT_NUM_RESAMPLES, by_problem, normal_interval, normal_method, resample_weights
 
 Grouped = Sequence[Sequence[float | None]]
@@ -106,42 +107,53 @@ def shared_prompt_logits(
     is run once and its KV cache repeated for the ``B`` completions (``DynamicCache.batch_repeat_interleave``), so a
     group of ``k`` samples costs one prompt pass instead of ``k``. The same values as
     [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] on the padded batch, up to
-    float rounding.
+    float rounding. The model is called as ``generate`` calls it
+    ([`ModelCall`][tandem_grpo.generation.ModelCall]: its cache keyword, its config's cache layers).
 
     Args:
-        model: a causal LM.
+        model: a causal LM whose cache is a ``DynamicCache`` (``can_share_prompt``).
         prompt: the prompt's ids (chat template applied).
         completion_ids: long ``[B, T]``, right-padded; completion_mask: long ``[B, T]``, 1 on real tokens.
     """
     device = next(model.parameters()).device
     rows, t_len = completion_ids.shape
     p_len = len(prompt)
+    call = ModelCall.of(model)
+    cache = call.new_cache()
+    flags = {name: value for name, value in call.flags.items() if name not in ("logits_to_keep", "num_logits_to_keep")}
     out = model(
         input_ids=torch.tensor([list(prompt)], device=device),
         position_ids=torch.arange(p_len, device=device).unsqueeze(0),
-        use_cache=True,
-        logits_to_keep=1,
+        **{call.cache_name: cache},
+        **call.flags,
     )
     first = out.logits[:, -1:, :].float().expand(rows, 1, -1)
     if t_len == 1:
         return first
-    cache = out.past_key_values
     cache.batch_repeat_interleave(rows)
     attention_mask = torch.cat([torch.ones(rows, p_len, dtype=torch.long), completion_mask.long()], dim=1)
     rest = model(
         input_ids=completion_ids[:, :-1].to(device),
         attention_mask=attention_mask[:, :-1].to(device),
         position_ids=torch.arange(p_len, p_len + t_len - 1, device=device).expand(rows, -1),
-        past_key_values=cache,
-        use_cache=True,
+        **{call.cache_name: cache},
+        **flags,
     )
     return torch.cat([first, rest.logits.float()], dim=1)
+
+
+def can_share_prompt(model) -> bool:
+    """Whether [`shared_prompt_logits`][tandem_grpo.evaluation.junior_legibility.shared_prompt_logits] can score
+    ``model``: a transformers model whose ``generate`` builds a ``DynamicCache`` under the ``past_key_values`` or
+    ``cache`` keyword (not a Mamba-style ``cache_params``)."""
+    call = ModelCall.of(model)
+    return call.cache_config is not None and call.default_cache and call.cache_name != "cache_params"
 
 
 def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_ids, completion_mask) -> torch.Tensor:
     """One batch's completion logits: one prompt pass for rows of one prompt (``shared_prompt``), else the padded
     batch."""
-    if shared_prompt is not None:
+    if shared_prompt is not None and can_share_prompt(model):
         return shared_prompt_logits(model, shared_prompt, completion_ids, completion_mask)
     return completion_logits(model, input_ids, attention_mask, completion_ids.shape[1])
 
