@@ -30,7 +30,16 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .stats import DEFAULT_NUM_RESAMPLES, by_problem, normal_interval, normal_method, resample_weights
+from .backends import strip_eos
+from .stats import (
+    DEFAULT_NUM_RESAMPLES,
+    by_problem,
+    check_confidence,
+    group_by_benchmark,
+    normal_interval,
+    normal_method,
+    resample_weights,
+)
 
 Grouped = Sequence[Sequence[float | None]]
 """``[P][k]`` per-CoT values, problem-major; ``None`` (or NaN) marks a CoT that was not scored."""
@@ -147,29 +156,21 @@ def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_id
 
 
 def _batches(prompts: Sequence[Sequence[int]], batch_size: int):
-    """``(start, stop)`` row ranges of at most ``batch_size`` rows: a run of rows with one prompt (a problem's ``k``
-    samples) stays in batches of its own, scored with one prompt pass (``shared_prompt_logits``); other rows are
-    batched as they come."""
+    """``(start, stop, shared_prompt)`` row ranges of at most ``batch_size`` rows: a run of rows with one prompt (a
+    problem's ``k`` samples) stays in batches of its own, with that prompt as ``shared_prompt`` when a batch has
+    several rows; other rows are batched as they come (``shared_prompt`` ``None``)."""
     same = lambda a, b: b < len(prompts) and list(prompts[a]) == list(prompts[b])  # noqa: E731
     start = 0
     while start < len(prompts):
-        stop = start + 1
-        if same(start, stop):
+        stop, shared = start + 1, same(start, start + 1)
+        if shared:
             while stop - start < batch_size and same(start, stop):
                 stop += 1
         else:
             while stop - start < batch_size and stop < len(prompts) and not same(stop, stop + 1):
                 stop += 1
-        yield start, stop
+        yield start, stop, prompts[start] if shared and stop - start > 1 else None
         start = stop
-
-
-def _trailing_eos_free_length(ids: Sequence[int], eos: set[int]) -> int:
-    """Length of ``ids`` without its trailing run of EOS ids."""
-    n = len(ids)
-    while n > 0 and int(ids[n - 1]) in eos:
-        n -= 1
-    return n
 
 
 @torch.no_grad()
@@ -187,9 +188,9 @@ def legibility(
     """Junior cross-entropy on the senior's completions and senior/junior overlap, per CoT and averaged over CoTs.
 
     Both models are teacher-forced on ``prompt + completion``; per completion token, the cross-entropy is
-    ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1.
-    Each CoT's figure is the mean over its tokens without its trailing EOS run (a completion cut at the length cap
-    has none and is scored whole); the headline is the plain mean of the per-CoT figures (module docstring).
+    ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1,
+    averaged per CoT and over CoTs as the module docstring says (a completion cut at the length cap has no EOS and is
+    scored whole).
 
     Args:
         senior: the model that wrote ``completions``; ``None`` skips the overlap.
@@ -212,17 +213,15 @@ def legibility(
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
-    eos = {int(i) for i in eos_token_ids}
+    eos = [int(i) for i in eos_token_ids]
     with_overlap = senior is not None
     count = 0
     cot_ce: list[float | None] = []
     cot_overlap: list[float | None] = []
     cot_tokens: list[int] = []
-    for start, stop in _batches(prompts, batch_size):
-        batch_p = prompts[start:stop]
+    for start, stop, shared in _batches(prompts, batch_size):
         batch_c = completions[start:stop]
-        input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
-        shared = batch_p[0] if len(batch_p) > 1 and all(list(p) == list(batch_p[0]) for p in batch_p) else None
+        input_ids, attn, comp, comp_mask = pad_batch(prompts[start:stop], batch_c, pad_token_id)
         batch = (shared, input_ids, attn, comp, comp_mask)
         junior_logits = _batch_logits(junior, *batch)
         nll = token_cross_entropy(junior_logits, comp).cpu()
@@ -240,13 +239,13 @@ def legibility(
         del junior_logits
         count += int(comp_mask.sum())
         for row, c in enumerate(batch_c):
-            n = _trailing_eos_free_length(c, eos)
+            n = len(strip_eos(c, eos))
             cot_tokens.append(n)
             cot_ce.append(float(nll[row, :n].mean()) if n else None)
             if overlap is not None:
                 cot_overlap.append(float(overlap[row, :n].mean()) if n else None)
         if progress is not None:
-            progress.update(len(batch_p))
+            progress.update(len(batch_c))
     scored_ce = [v for v in cot_ce if v is not None]
     scored_overlap = [v for v in cot_overlap if v is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
@@ -270,14 +269,18 @@ def legibility(
     }
 
 
+def _scored(values, keep=lambda i: True) -> list[float]:
+    """The values whose index passes ``keep`` that were scored (neither ``None`` nor NaN)."""
+    return [float(v) for i, v in enumerate(values) if keep(i) and v is not None and not math.isnan(float(v))]
+
+
 def _sums(groups: Grouped, keep=lambda i: True) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``[P]`` sums and counts of the scored values of every problem (samples whose index passes ``keep``)."""
-    sums, counts = [], []
-    for g in groups:
-        scored = [float(v) for i, v in enumerate(g) if keep(i) and v is not None and not math.isnan(float(v))]
-        sums.append(sum(scored))
-        counts.append(len(scored))
-    return torch.tensor(sums, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
+    scored = [_scored(g, keep) for g in groups]
+    return (
+        torch.tensor([sum(s) for s in scored], dtype=torch.float64),
+        torch.tensor([len(s) for s in scored], dtype=torch.float64),
+    )
 
 
 def _mean_over_cots(weights: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -298,8 +301,7 @@ def _with_null(statistic, values: Grouped, confidence: float, method: str) -> tu
 def _check(name: str, groups: Grouped, confidence: float) -> None:
     if len(groups) == 0:
         raise ValueError(f"{name}: no problems.")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+    check_confidence(confidence)
 
 
 def cot_mean(
@@ -327,14 +329,13 @@ def cot_mean(
     weights = resample_weights(len(values), num_resamples, seed)
     mean, null = _with_null(lambda keep: _mean_over_cots(weights, *_sums(values, keep)), values, confidence,
                             normal_method(num_resamples, seed))  # fmt: skip
-    counts = _sums(values)[1]
-    total = sum(len(g) for g in values)
+    num_scored = int(_sums(values)[1].sum())
     return {
         "mean": mean,
         "null_half_difference": null,
         "num_problems": len(values),
-        "num_scored": int(counts.sum()),
-        "num_skipped": total - int(counts.sum()),
+        "num_scored": num_scored,
+        "num_skipped": sum(len(g) for g in values) - num_scored,
         "estimator": (
             "mean over CoTs of the per-CoT mean (authors' eval/legibility.py); null: the same mean on each "
             "problem's even-indexed samples minus its odd-indexed samples"
@@ -387,21 +388,18 @@ def benchmark_means(values: Grouped, benchmarks: Sequence[str]) -> dict[str, flo
     Raises:
         ValueError: ``benchmarks`` not aligned with ``values``.
     """
-    if len(benchmarks) != len(values):
-        raise ValueError(f"benchmark_means: {len(benchmarks)} benchmark names for {len(values)} problems.")
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for name, group in zip(benchmarks, values, strict=True):
-        scored = [float(v) for v in group if v is not None and not math.isnan(float(v))]
-        sums[name] = sums.get(name, 0.0) + sum(scored)
-        counts[name] = counts.get(name, 0) + len(scored)
-    return {name: sums[name] / counts[name] if counts[name] else None for name in sums}
+    means = {}
+    for name, groups in group_by_benchmark(values, benchmarks, "benchmark_means: ").items():
+        scored = [_scored(g) for g in groups]
+        count = sum(len(s) for s in scored)
+        means[name] = sum(sum(s) for s in scored) / count if count else None
+    return means
 
 
 def macro_average(by_benchmark: Mapping[str, float | None]) -> float | None:
     """The authors' headline (``macro_ce``): the plain mean of the benchmarks' figures, ``None`` or NaN ones left
     out; ``None`` when none has a figure."""
-    figures = [float(v) for v in by_benchmark.values() if v is not None and not math.isnan(float(v))]
+    figures = _scored(list(by_benchmark.values()))
     return sum(figures) / len(figures) if figures else None
 
 
@@ -431,19 +429,16 @@ def macro_mean(
         ValueError: no problems, ``benchmarks`` not aligned with ``values``, or ``confidence`` outside (0, 1).
     """
     _check("macro_mean", values, confidence)
-    if len(benchmarks) != len(values):
-        raise ValueError(f"macro_mean: {len(benchmarks)} benchmark names for {len(values)} problems.")
-    names = list(dict.fromkeys(benchmarks))
-    groups = {b: [g for g, name in zip(values, benchmarks, strict=True) if name == b] for b in names}
-    weights = {b: resample_weights(len(groups[b]), num_resamples, seed + i) for i, b in enumerate(names)}
+    groups = group_by_benchmark(values, benchmarks, "macro_mean: ")
+    weights = {b: resample_weights(len(rows), num_resamples, seed + i) for i, (b, rows) in enumerate(groups.items())}
 
     def macro(keep=lambda i: True) -> torch.Tensor:
-        means = torch.stack([_mean_over_cots(weights[b], *_sums(groups[b], keep)) for b in names])
+        means = torch.stack([_mean_over_cots(weights[b], *_sums(rows, keep)) for b, rows in groups.items()])
         return means.nanmean(dim=0)
 
     method = normal_method(num_resamples, seed) + ", stratified by benchmark"
     mean, null = _with_null(macro, values, confidence, method)
-    return {"mean": mean, "null_half_difference": null, "benchmarks": names}
+    return {"mean": mean, "null_half_difference": null, "benchmarks": list(groups)}
 
 
 def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
@@ -470,8 +465,8 @@ def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence
         means = dict.fromkeys(names) if values is None else benchmark_means(values, benchmarks)
         for b in names:
             by_benchmark[b][metric] = means[b]
-            if values is not None and len(names) > 1:
-                rows = [g for g, name in zip(values, benchmarks, strict=True) if name == b]
+        if values is not None and len(names) > 1:
+            for b, rows in group_by_benchmark(values, benchmarks).items():
                 by_benchmark[b][f"{metric}_with_null"] = cot_mean(rows, **stats)
     entry["with_null_pooled_over_benchmarks"] = len(names) > 1
     entry["by_benchmark"] = by_benchmark

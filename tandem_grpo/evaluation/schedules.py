@@ -20,7 +20,7 @@ import torch
 
 from ..handoff import JUNIOR, SENIOR, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length
+from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length, strip_eos
 from .stats import bootstrap_mean, by_problem
 from .steps import handover_region
 
@@ -76,25 +76,17 @@ def word_handoff_schedule(
     desc: str = "tandem",
 ) -> ScheduleOutput:
     """Schedule (a): one [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call of the senior's
-    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row,
-    at most ``max_new_tokens``; the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``. Returns its
-    [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
+    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row.
+    Returns its [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
-    return ScheduleOutput(
-        name=word_schedule_name(rule),
-        completion_ids=rollout.completion_ids,
-        authorship=rollout.authorship,
-        settings=_word_settings(rule) | {"backend": backend.name},
-    )
-
-
-def _word_settings(rule: HandoffRule) -> dict:
-    return {
+    settings = {
         "kind": "word_handoff",
         "granularity": rule.granularity,
         "junior_probability": rule.junior_probability,
         "max_gap_tokens": rule.max_gap_tokens,
+        "backend": backend.name,
     }
+    return ScheduleOutput(word_schedule_name(rule), rollout.completion_ids, rollout.authorship, settings=settings)
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
@@ -107,15 +99,17 @@ def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) ->
     when one token spans the whole region, the first boundary at or after ``end``, so step ``s`` is never split.
     """
 
-    def boundary(n: int) -> int:
-        return len(tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    def decode(n: int) -> str:
+        return tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    full = tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    def boundary(n: int) -> int:
+        return len(decode(n))
+
+    full = decode(len(ids))
 
     def clean(n: int) -> bool:
         # A prefix that ends inside a multi-byte character decodes to U+FFFD, which is no real boundary.
-        text = tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return full.startswith(text)
+        return full.startswith(decode(n))
 
     # Decoded length grows with n (up to a transient U+FFFD mid-character): bisect for the last n <= end.
     lo, hi = 0, len(ids)
@@ -189,12 +183,9 @@ def step_schedule(
     if len(prompts) != len(first_completions):
         raise ValueError(f"{len(prompts)} prompts but {len(first_completions)} first completions.")
     first_author, second_author = (SENIOR, JUNIOR) if first == "senior" else (JUNIOR, SENIOR)
-    eos = set(continuation.eos_token_ids)
     prefixes: list[list[int] | None] = []
     for ids in first_completions:
-        body = list(ids)
-        while body and body[-1] in eos:
-            body.pop()
+        body = strip_eos(ids, set(continuation.eos_token_ids))
         text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         region = handover_region(text, num_steps)
         prefixes.append(None if region is None else body[: handover_token_index(body, tokenizer, *region)])

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .stats import bootstrap_mean, macro_bootstrap_mean, per_problem_pass_at_k
+from .stats import bootstrap_mean, group_by_benchmark, macro_bootstrap_mean, per_problem_pass_at_k
 
 DEFAULT_CURVE_MAX_K = 32
 """Largest k of the pass@k curve ([`pass_at_k_curve`][tandem_grpo.evaluation.solo.pass_at_k_curve])."""
@@ -83,11 +83,7 @@ def capability_by_benchmark(
     Raises:
         ValueError: ``benchmarks`` not aligned with ``correct``, no problems, or a ``k`` over a sample count.
     """
-    if len(benchmarks) != len(correct):
-        raise ValueError(f"{len(benchmarks)} benchmark names for {len(correct)} problems.")
-    grouped: dict[str, list[Sequence[bool]]] = {}
-    for name, row in zip(benchmarks, correct, strict=True):
-        grouped.setdefault(name, []).append(row)
+    grouped = group_by_benchmark(correct, benchmarks)
     by_benchmark = {name: capability(rows, ks, seed=seed, confidence=confidence) for name, rows in grouped.items()}
     macro: dict = {}
     for k in ks:

@@ -14,7 +14,7 @@ import torch
 from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
-from .backends import GenerationBackend, cut_at_eos, cut_at_stop
+from .backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 """Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
@@ -201,9 +201,18 @@ class VLLMBackend(GenerationBackend):
         desc: str = "generate",
         stop: Sequence[str] = (),
     ) -> list[list[int]]:
+        caps = per_prompt_caps(prompts, max_new_tokens)
+        if not prompts:
+            return []
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
         rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)
+        out = self._run(prompts, sampling, rule, caps, seed, load=not self.is_junior, stop=stop)
+        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
+        if stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
+            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
+        return ids
 
     def tandem(
         self,
@@ -220,25 +229,12 @@ class VLLMBackend(GenerationBackend):
         [`Rollout`][tandem_grpo.rollout.Rollout] (``desc`` is unused: the engine draws no bar)."""
         if not prompts:
             return Rollout([], [], [], [], [])
-        self.engine.load_senior(self.path)
-        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        return self.engine.generate(prompts, sampling, rule, max_new_tokens=[max_new_tokens] * len(prompts),
-                                    seeds=seeds)  # fmt: skip
+        return self._run(prompts, sampling, rule, [max_new_tokens] * len(prompts), seed, load=True)
 
-    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool, stop: Sequence[str] = ()):
-        """One model's completions (``rule`` with junior probability 0 or 1), cut at EOS and at ``stop``."""
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(caps) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
-        if not prompts:
-            return []
+    def _run(self, prompts, sampling, rule, caps, seed, *, load: bool, stop: Sequence[str] = ()) -> Rollout:
+        """The engine's [`Rollout`][tandem_grpo.rollout.Rollout] of ``prompts`` under ``rule``, this model loaded
+        into the senior slot first when ``load``."""
         if load:
             self.engine.load_senior(self.path)
         seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
-        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
-        if stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
-            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
-        return ids
+        return self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
