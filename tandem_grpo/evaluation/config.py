@@ -45,13 +45,11 @@ PRESETS: dict[str, dict[str, float | int]] = {
 }
 """The presets of ``--preset``: name to the fields they set (sampling fields by their
 [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] names, the rest by their
-[`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] names).
+[`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] names), each sourced in ``PRESET_SOURCES``.
 
-``paper`` follows the authors' evaluation (CSSLab/Tandem-RLVR): ``eval/config.py`` (temperature 0.7, top-p 0.8,
-top-k 20, ``MAX_TOKENS`` 3000; min-p and repetition penalty left at vLLM's off values), ``eval/solo.py`` and
-``eval/handoff.py`` (``--n 8``, ``MAX_ROUNDS`` 150). Not adopted, having no field here: their 4096-token engine
-context (``eval/common.py`` ``response_budget``), their vLLM seeds, ``enable_thinking=False`` and their default
-benchmarks (``--dataset`` stays the user's choice)."""
+``paper`` leaves min-p and repetition penalty at vLLM's off values, as the authors do. Not adopted, having no field
+here: their 4096-token engine context (``eval/common.py`` ``response_budget``), their vLLM seeds,
+``enable_thinking=False`` and their default benchmarks (``--dataset`` stays the user's choice)."""
 
 PRESET_SOURCES = {
     "paper": "CSSLab/Tandem-RLVR eval/config.py (TEMPERATURE, TOP_P, TOP_K, MAX_TOKENS), eval/solo.py and "

@@ -6,8 +6,7 @@ tokens it moves back, each with a bootstrap interval over problems and a null be
   pseudo-count 0.5 per bin, measured between disjoint halves of the samples (even and odd sample index of every
   problem): ``(KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``. **Null**: the same statistic between
   the base's own halves, so both compare equal amounts of text; ``excess = drift - null``. Coarsening keeps the
-  pseudo-count under a few percent of the mass: on a ~49k-entry vocabulary seen through a few thousand tokens, a
-  per-entry pseudo-count would carry half of each distribution.
+  pseudo-count a small share of the mass (docs/evaluation.md).
 - **Moved back** ([`moved_back`][tandem_grpo.evaluation.drift.moved_back]): GRPO's most-shifted tokens are
   selected on the even samples (at least ``min_count`` occurrences in GRPO's and the base's, ranked by
   ``|log p_grpo - log p_base|``) and measured on the odd ones: a token is moved back when the checkpoint's frequency

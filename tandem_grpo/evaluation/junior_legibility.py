@@ -30,7 +30,7 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from .backends import strip_eos
+from .backends import left_pad, strip_eos
 from .stats import (
     DEFAULT_NUM_RESAMPLES,
     by_problem,
@@ -74,17 +74,11 @@ def pad_batch(
         long ``(input_ids [B, P + T], attention_mask [B, P + T], completion_ids [B, T], completion_mask [B, T])``,
         ``P`` the longest prompt, ``T`` the longest completion (at least 1), padded with ``pad_token_id``.
     """
-    p_len = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
     t_len = max(1, max(len(c) for c in completions))
-    ids, attn, comp, comp_mask = [], [], [], []
-    for p, c in zip(prompts, completions, strict=True):
-        p_pad, c_pad = p_len - len(p), t_len - len(c)
-        ids.append([pad_token_id] * p_pad + list(p) + list(c) + [pad_token_id] * c_pad)
-        attn.append([0] * p_pad + [1] * (len(p) + len(c)) + [0] * c_pad)
-        comp.append(list(c) + [pad_token_id] * c_pad)
-        comp_mask.append([1] * len(c) + [0] * c_pad)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return as_long(ids), as_long(attn), as_long(comp), as_long(comp_mask)
+    comp = torch.tensor([list(c) + [pad_token_id] * (t_len - len(c)) for c in completions], dtype=torch.long)
+    comp_mask = torch.tensor([[1] * len(c) + [0] * (t_len - len(c)) for c in completions], dtype=torch.long)
+    return torch.cat([prompt_ids, comp], dim=1), torch.cat([prompt_mask, comp_mask], dim=1), comp, comp_mask
 
 
 def completion_logits(

@@ -144,10 +144,6 @@ class _Run:
         pooled = capability(grouped, ks, seed=c.seed, confidence=c.confidence)
         return pooled | capability_by_benchmark(grouped, self.benchmarks, ks, seed=c.seed, confidence=c.confidence)
 
-    def benchmark_names(self) -> list[str]:
-        """The run's benchmarks, in ``--dataset`` order."""
-        return list(dict.fromkeys(self.benchmarks))
-
     def solo_block(self, m: _Model) -> dict:
         """A model's solo results: pass@k and accuracy, mean length, the pass@k curve with coverage, and the
         reward-hacking detectors ([`hack_detectors`][tandem_grpo.evaluation.hacks.hack_detectors])."""
@@ -255,18 +251,18 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         except (OSError, ValueError) as err:
             raise EvaluationError(f"Cannot load model {m.path!r} from {m.resolved}: {err}") from err
         m.model.eval().requires_grad_(False)
-        if config.backend == "transformers":
+    if config.backend == "transformers":
+        junior = models[junior_key].model  # the word schedule co-generates each model with the run's junior
+        for key, m in models.items():
             m.backend = create_backend(
                 config.backend,
                 m.model,
-                tokenizers[m.resolved],
+                tokenizers[key],
                 batch_size=config.batch_size,
                 show_progress=config.show_progress,
+                junior=junior,
             )
-    if config.backend == "transformers":
-        for m in models.values():  # the word schedule co-generates each model with the run's junior
-            m.backend.junior = models[junior_key].model
-    if config.backend == "vllm":
+    else:
         max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
         try:
             engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,
@@ -326,7 +322,7 @@ def _measure_solo(run: _Run) -> dict:
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
             "num_problems": len(run.prompts),
-            "num_problems_by_benchmark": {b: run.benchmarks.count(b) for b in run.benchmark_names()},
+            "num_problems_by_benchmark": {b: run.benchmarks.count(b) for b in dict.fromkeys(run.benchmarks)},
             "chat_template_from": config.checkpoints[0],
             "versions": _versions(),
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -288,12 +288,12 @@ def alternating_schedule(
     turns = [0] * n
     done = [False] * n
     for round_ in range(max_rounds):
-        moved = False
+        if all(done):
+            break
         for author, backend in ((SENIOR, senior), (JUNIOR, junior)):
             active = [i for i in range(n) if not done[i] and turn[i] == author]
             if not active:
                 continue
-            moved = True
             caps = [max_new_tokens - len(ids[i]) for i in active]
             segments = backend.generate(
                 [list(prompts[i]) + ids[i] for i in active],
@@ -313,8 +313,6 @@ def alternating_schedule(
                     done[i] = True
                 else:
                     turn[i] = 1 - author
-        if not moved:
-            break
     return ScheduleOutput(
         name=ALTERNATING,
         completion_ids=ids,

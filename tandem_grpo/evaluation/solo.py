@@ -4,8 +4,7 @@ their macro average, and the pass@k curve with coverage.
 Estimator: the unbiased pass@k ([`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k]) averaged over problems;
 interval: percentile bootstrap over problems ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean],
 stratified by benchmark for the macro average). Handoff schedules are scored with the same functions. The curve and
-coverage go beyond the paper, after Su et al. (arXiv 2608.00220): RLVR can raise pass@1 while shrinking the set of
-problems solved at all.
+coverage go beyond the paper, after Su et al. (arXiv 2608.00220; docs/evaluation.md says why).
 
 Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0).
 """

@@ -1,8 +1,7 @@
-"""The ``--backend vllm`` generation of an evaluation run: one in-process tandem vLLM engine
-([`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine], built by
-[`build_llm`][tandem_grpo.vllm.engine.build_llm]) whose frozen junior is the run's junior and whose senior slot holds
-one model at a time, and the [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] of each model. Nothing
-here imports vLLM until an engine is built."""
+"""The ``--backend vllm`` generation of an evaluation run: one in-process
+[`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine] and the
+[`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] of each model. Nothing here imports vLLM until an
+engine is built."""
 
 from __future__ import annotations
 
@@ -22,7 +21,9 @@ GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.b
 
 
 class TandemEngine:
-    """One in-process tandem vLLM engine for an evaluation run: a frozen junior and a senior slot.
+    """One in-process tandem vLLM engine for an evaluation run (built by
+    [`build_llm`][tandem_grpo.vllm.engine.build_llm]): the run's junior, frozen, and a senior slot for one model at a
+    time.
 
     [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior] swaps another checkpoint of the same
     architecture into the senior slot (``reload_senior``, then a prefix-cache reset), as a training weight sync does;
