@@ -44,12 +44,8 @@ def strip_eos(ids: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
 
 
 def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it.
-
-    Returns:
-        ``(input_ids, attention_mask)``, long ``[B, P]`` with ``P`` the longest prompt; padding is ``pad_token_id``
-        with mask 0 on the left of each row.
-    """
+    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it: long
+    ``(input_ids, attention_mask)`` ``[B, P]``, ``P`` the longest prompt, padded with ``pad_token_id`` (mask 0)."""
     width = max(len(p) for p in prompts)
     input_ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
     attention_mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
@@ -82,12 +78,10 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
 
 class StopInCompletion(StoppingCriteria):
     """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string,
-    as in vLLM (transformers' ``stop_strings`` also match inside the prompt). Only the last ``window`` generated
-    tokens are decoded per step.
+    as in vLLM (transformers' ``stop_strings`` also match inside the prompt).
 
     Args:
         tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
-        stop: the stop strings.
         prompt_width: the batch's (left-padded) prompt length; generated tokens start there.
         window: generated tokens decoded per check (default: 16, or 4 per character of the longest stop string).
     """
@@ -149,11 +143,8 @@ class GenerationBackend:
 
         Args:
             prompts: token-id lists (chat template already applied), any lengths.
-            sampling: sampling settings (the ones training uses;
-                [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
             max_new_tokens: the completion length cap, one for all prompts or one per prompt.
             seed: seed for this call.
-            desc: progress-bar label.
             stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``);
                 the cut is [`cut_at_stop`][tandem_grpo.evaluation.backends.cut_at_stop] on every backend.
 
@@ -190,13 +181,11 @@ class TransformersBackend(GenerationBackend):
 
     Args:
         model: a loaded causal LM (evaluation mode is set here).
-        tokenizer: its tokenizer.
-        batch_size: prompts per ``generate`` call (default 16).
+        batch_size: prompts per ``generate`` call.
         eos_token_ids: default: training's ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids],
             TRL's rule).
-        show_progress: draw a tqdm bar per call.
         junior: the junior model [`tandem`][tandem_grpo.evaluation.backends.TransformersBackend.tandem] co-generates
-            with (default: none; also settable as the ``junior`` attribute).
+            with (also settable as the ``junior`` attribute).
 
     Raises:
         ValueError: ``batch_size < 1``, or no EOS id (none given, and neither the tokenizer nor the generation

@@ -86,8 +86,7 @@ class EvaluationConfig:
         limit: the first ``limit`` problems of each dataset (the authors truncate the concatenation,
             ``eval/common.py`` ``load_problems``; here every benchmark keeps problems).
         preset: ``None`` or a name of [`PRESETS`][tandem_grpo.evaluation.config.PRESETS], applied by
-            [`apply_preset`][tandem_grpo.evaluation.config.EvaluationConfig.apply_preset]: a flag given on the
-            command line, or from Python a field that differs from its default, wins over the preset.
+            [`apply_preset`][tandem_grpo.evaluation.config.EvaluationConfig.apply_preset].
 
     Invalid values raise [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError] from
     [`validate`][tandem_grpo.evaluation.config.EvaluationConfig.validate], which

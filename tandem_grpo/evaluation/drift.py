@@ -18,8 +18,7 @@ Intervals: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interva
 included) recomputed on each resample of problems; the arm and its null share resamples, so the excess's interval
 is paired.
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
-and ``num_resamples`` (default 1000).
+Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -82,16 +81,13 @@ def _vocabulary(*sets: Completions) -> torch.Tensor:
 
 
 def binned_kl(p_counts: torch.Tensor, q_counts: torch.Tensor, bins: int = DEFAULT_DRIFT_BINS) -> torch.Tensor:
-    """KL(p || q) in nats between two token-count vectors coarsened to ``bins`` bins plus one for the rest.
-
-    The bins are the ``bins`` ids with the largest pooled count ``p + q`` (per row); every other id goes to one
-    shared bin; each bin gets the Jeffreys pseudo-count ``0.5`` on both sides.
+    """KL(p || q) in nats between two token-count vectors coarsened to the ``bins`` ids of largest pooled count
+    ``p + q`` (per row) plus one bin for the rest, with ``PSEUDO_COUNT`` added to every bin on both sides.
 
     Args:
         p_counts: float ``[..., V]`` counts of the first set.
         q_counts: float ``[..., V]`` counts of the second set, same shape.
-        bins: ``K >= 1`` (default [`DEFAULT_DRIFT_BINS`][tandem_grpo.evaluation.drift.DEFAULT_DRIFT_BINS]); fewer
-            when ``V`` is smaller.
+        bins: ``>= 1``; fewer when ``V`` is smaller.
 
     Returns:
         float64 ``[...]``; NaN where either side has no tokens.
@@ -142,8 +138,7 @@ def drift(
     Args:
         model: ``[P][k]`` the checkpoint's solo completions (token ids, EOS included), ``k >= 2``.
         base: ``[P][k]`` the base's solo completions of the same problems.
-        bins: most frequent tokens kept as bins (default 100).
-        prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` (default) for none.
+        prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` for none.
 
     Returns:
         ``{"kl_nats", "null_kl_nats", "excess_nats"}`` (each an interval dict: ``value``, ``ci_low``,
@@ -316,9 +311,9 @@ def moved_back(
         grpo: ``[P][k]`` the GRPO checkpoint's.
         checkpoint: ``[P][k]`` the checkpoint compared with GRPO.
         vocab_size: ``V``, the normalizer of the per-token pseudo-count.
-        top_n: tokens selected at most (default 500, the paper's); fewer when fewer pass ``min_count``.
-        min_count: fewest selection-sample occurrences of a candidate (default 10).
-        seed: seed of the resampling and of the thinning (default 0).
+        top_n: tokens selected at most (the paper's 500); fewer when fewer pass ``min_count``.
+        min_count: fewest selection-sample occurrences of a candidate.
+        seed: seed of the resampling and of the thinning.
 
     Returns:
         ``{"fraction_moved_back", "null_fraction", "excess"}`` (interval dicts), ``"num_selected"``,

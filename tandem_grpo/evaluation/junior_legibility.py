@@ -1,26 +1,19 @@
 """Legibility to the junior (paper section 5.4): the junior's per-token cross-entropy on a senior's completions and
-the overlap of the two models' next-token distributions, averaged as the paper's authors do, with an interval over
-problems, a null and paired differences.
+the overlap of the two models' next-token distributions, with an interval over problems, a null and paired
+differences.
 
-Source of the averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one
-sampled completion) gets the mean over its tokens without its trailing EOS (they score the decoded text, which has
-none); a benchmark's figure is the plain mean of those per-CoT values; the headline is the macro average over
-benchmarks. CoTs with nothing left to score are skipped. Unlike the authors, nothing is dropped for length (they drop
-CoTs that overflow their 4096-token engine context).
+Averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one sampled
+completion) gets the mean over its tokens without its trailing EOS; a benchmark's figure is the plain mean of its
+per-CoT values; the headline is the macro average over benchmarks. CoTs with nothing left to score are skipped, and
+none is dropped for length (the authors drop those over their 4096-token engine context).
 
-- **Estimator**: [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility] (per-CoT values) and
-  [`cot_mean`][tandem_grpo.evaluation.junior_legibility.cot_mean] (the mean over CoTs).
-- **Interval**: normal interval over bootstrap resamples of problems
-  ([`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval]); a problem drawn twice counts its CoTs
-  twice.
-- **Null**: the same statistic on the even-indexed samples of every problem minus the odd-indexed ones of the same
-  model: 0 in expectation, with about ``sqrt(2)`` times the spread of a difference between two samplings of ``k``.
-- **Paired difference** of two models on the same problems
-  ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both sides recomputed on
-  the same resamples, so what the problems share cancels.
+- **Interval**: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval] over resamples of problems
+  (a problem drawn twice counts its CoTs twice).
+- **Null**: the same statistic on each problem's even-indexed samples minus its odd-indexed ones (0 in expectation).
+- **Paired difference** ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both
+  models recomputed on the same resamples, so what the problems share cancels.
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
-and ``num_resamples`` (default 1000).
+Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -105,17 +98,10 @@ def completion_logits(
 def shared_prompt_logits(
     model, prompt: Sequence[int], completion_ids: torch.Tensor, completion_mask: torch.Tensor
 ) -> torch.Tensor:
-    """float ``[B, T, V]`` teacher-forced logits predicting ``B`` right-padded completions of one prompt: the prompt
-    is run once and its KV cache repeated for the ``B`` completions (``DynamicCache.batch_repeat_interleave``), so a
-    group of ``k`` samples costs one prompt pass instead of ``k``. The same values as
-    [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] on the padded batch, up to
-    float rounding.
-
-    Args:
-        model: a causal LM.
-        prompt: the prompt's ids (chat template applied).
-        completion_ids: long ``[B, T]``, right-padded; completion_mask: long ``[B, T]``, 1 on real tokens.
-    """
+    """float ``[B, T, V]`` teacher-forced logits predicting ``B`` right-padded completions (long ``completion_ids``
+    and ``completion_mask`` ``[B, T]``) of one ``prompt``: the prompt runs once and its KV cache is repeated for the
+    ``B`` rows, so ``k`` samples cost one prompt pass. Equal to
+    [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] up to float rounding."""
     device = next(model.parameters()).device
     rows, t_len = completion_ids.shape
     p_len = len(prompt)
@@ -188,11 +174,9 @@ def legibility(
 
     Args:
         senior: the model that wrote ``completions``; ``None`` skips the overlap.
-        junior: the frozen junior.
         prompts: ``[N]`` prompt token ids (chat template applied).
         completions: ``[N]`` completion ids, cut after EOS.
-        pad_token_id: filler id (masked out).
-        batch_size: sequences per forward pass (default 4).
+        batch_size: sequences per forward pass.
         progress: optional tqdm-like object; ``update(n)`` per batch.
         eos_token_ids: ids left out of the per-CoT means when trailing; ``[]`` scores every token.
 
@@ -410,10 +394,9 @@ def macro_mean(
     even/odd null, problems resampled within each benchmark (every resample keeps every benchmark).
 
     Args:
-        values: ``[P][k]`` per-CoT values of one model over every benchmark's problems (``None`` or NaN: not
-            scored).
+        values: ``[P][k]`` per-CoT values, as for ``benchmark_means``.
         benchmarks: ``[P]`` each problem's benchmark name.
-        seed: resampling seed (default 0); benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
+        seed: benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
 
     Returns:
         ``{"mean": interval, "null_half_difference": interval or None, "benchmarks": [names]}``; a benchmark with

@@ -3,12 +3,8 @@ for one or more senior checkpoints, written to a results folder.
 
 The runner only orchestrates: it loads the problems and every distinct model once (a model in several roles, e.g.
 the junior that is also the base, is sampled once and its solo completions reused, so ``KL(base || base)`` is 0),
-generates, and hands the completions to the module of each measurement:
-
-1. solo capability ([`solo`][tandem_grpo.evaluation.solo], with [`hacks`][tandem_grpo.evaluation.hacks]);
-2. handoff robustness ([`schedules`][tandem_grpo.evaluation.schedules], scored as solo);
-3. drift from the base and the tokens moved back ([`drift`][tandem_grpo.evaluation.drift]);
-4. legibility to the junior ([`junior_legibility`][tandem_grpo.evaluation.junior_legibility]).
+generates, and hands the completions to the module of each measurement, in order: solo (with hacks), handoff
+(scored as solo), drift, legibility.
 
 With several benchmarks (``--dataset gsm8k math500``) the problems share every measurement's rows; pass@k,
 accuracy and legibility blocks add ``by_benchmark`` and ``macro`` (the plain mean over benchmarks, the authors'
@@ -73,9 +69,6 @@ def evaluate(config: EvaluationConfig) -> dict:
     ([`inputs`][tandem_grpo.evaluation.inputs]). Solo capability always runs, then the measurements of
     ``config.measurements`` in order. Writes ``results.json``, ``samples.jsonl``, ``samples.html`` and the plots of
     [`write_report`][tandem_grpo.evaluation.report.write_report] to ``config.output_dir``.
-
-    Args:
-        config: the run's settings.
 
     Raises:
         EvaluationError: a bad argument, an empty or unreadable dataset, mismatched vocabularies, or a checkpoint

@@ -162,11 +162,8 @@ def step_schedule(
         num_steps: ``s >= 1``.
         first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
         continuation: backend of the other model.
-        tokenizer: the shared tokenizer.
-        sampling: sampling settings for the continuation.
         max_new_tokens: the length cap of the whole completion.
         seed: continuation seed (derived per schedule).
-        desc: progress-bar label.
 
     Returns:
         [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named by
@@ -244,30 +241,20 @@ def alternating_schedule(
     seed: int = 0,
     desc: str | None = None,
 ) -> ScheduleOutput:
-    """Schedule (c), the paper's handoff protocol: senior first, then one reasoning step each, in turn.
+    """Schedule (c), the paper's handoff protocol (the authors' ``eval/handoff.py``, CSSLab/Tandem-RLVR): senior
+    first, then one reasoning step each, in turn.
 
-    Follows the authors' ``eval/handoff.py`` (CSSLab/Tandem-RLVR): each turn samples from the prompt plus everything
-    written so far until a stop string (kept in the completion; a blank line by default), the length cap
-    ``max_new_tokens`` is one budget for the whole completion (each turn may use what is left), and a row ends when
-    the budget is spent or a turn ends without the stop string (EOS: the model has answered). Otherwise the turn
-    passes to the other model. Rounds of one senior turn and one junior turn repeat up to ``max_rounds``; rows still
-    open then are counted in ``settings["unfinished_rows"]``.
-
-    Two departures from the authors, both deliberate: they pass text between two engines and re-tokenize it every
-    turn, while here the tokens written so far are passed on as they are, so authorship is exact per token; and a
-    turn that ends with any EOS id ends the row, while their loop passes the turn on when vLLM reports a stop token
-    other than the primary EOS as the stop reason (e.g. Qwen's ``<|endoftext|>``).
+    Each turn samples from the prompt plus everything written so far until a ``stop`` string (kept), within what is
+    left of the one ``max_new_tokens`` budget; a row ends when the budget is spent or a turn ends without the stop
+    string (EOS: the model has answered). Rows still open after ``max_rounds`` rounds (one senior and one junior turn
+    each) are counted in ``settings["unfinished_rows"]``. Two deliberate departures from the authors: the tokens
+    written so far pass on as they are (they re-tokenize text), so authorship is exact per token; and any EOS id ends
+    the row (their loop passes the turn on when vLLM stops at another stop token, e.g. Qwen's ``<|endoftext|>``).
 
     Args:
         prompts: token-id prompts (chat template applied), one completion each (repeat rows for k samples).
-        senior: the senior's backend.
-        junior: the junior's backend.
         tokenizer: the shared tokenizer (finds stop strings).
-        sampling: sampling settings of both models.
-        max_new_tokens: the shared budget of a completion, in tokens.
-        stop: strings that end a step (default: a blank line).
-        max_rounds: round cap (default 150, the authors').
-        seed: base seed; each turn's draws use ``derive_seed(seed, "alternating", round, author)``.
+        seed: each turn's draws use ``derive_seed(seed, "alternating", round, author)``.
         desc: progress-bar label prefix.
 
     Returns:

@@ -6,7 +6,7 @@ interval: percentile bootstrap over problems ([`bootstrap_mean`][tandem_grpo.eva
 stratified by benchmark for the macro average). Handoff schedules are scored with the same functions. The curve and
 coverage go beyond the paper, after Su et al. (arXiv 2608.00220; docs/evaluation.md says why).
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0).
+Every function takes ``confidence`` and ``seed``, [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]'s.
 """
 
 from __future__ import annotations

@@ -87,16 +87,9 @@ def group_by_benchmark(rows: Sequence, benchmarks: Sequence[str], caller: str = 
 
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over problems with its confidence interval.
-
-    Attributes:
-        value: the mean over problems.
-        low: the interval's lower bound.
-        high: the interval's upper bound.
-        confidence: the interval's level, e.g. 0.95.
-        method: how the interval was computed.
-        num_problems: problems averaged.
-    """
+    """A mean over ``num_problems`` problems, ``value``, with its interval ``[low, high]`` at level ``confidence``
+    (e.g. 0.95), computed as ``method`` says; [`to_dict`][tandem_grpo.evaluation.stats.Estimate.to_dict] gives the
+    interval dict."""
 
     value: float
     low: float
@@ -106,6 +99,7 @@ class Estimate:
     num_problems: int
 
     def to_dict(self) -> dict:
+        """The interval dict of ``results.json`` (module docstring)."""
         return {
             "value": self.value,
             "ci_low": self.low,

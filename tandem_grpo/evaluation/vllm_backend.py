@@ -35,9 +35,8 @@ class TandemEngine:
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         max_model_len: longest prompt plus completion, in tokens.
         seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
-        concurrent: completions asked for at once; on a CPU the KV cache holds ``min(concurrent, max_num_seqs)`` of
-            ``max_model_len`` tokens (no preemption), within ``CPU_KV_CACHE_SHARE`` of the machine's memory and at
-            least ``CPU_KV_CACHE_BYTES``.
+        concurrent: completions asked for at once; on a CPU the KV cache holds ``min(concurrent, MAX_NUM_SEQS)`` of
+            them (no preemption), at least ``CPU_KV_CACHE_BYTES`` and at most ``CPU_KV_CACHE_SHARE`` of memory.
 
     Raises:
         ImportError: vLLM is missing or too old.
@@ -89,7 +88,6 @@ class TandemEngine:
         """Tandem completions of the current senior and the junior, one request per prompt.
 
         Args:
-            prompts: token-id prompts.
             sampling: the sampling settings (the mixture is truncated as in training).
             rule: the [`HandoffRule`][tandem_grpo.handoff.HandoffRule] (junior probability 0: the senior alone;
                 1: the junior alone).
@@ -172,7 +170,6 @@ class VLLMBackend(GenerationBackend):
     (vLLM's CPU sampler takes no per-request seed); the coin seeds are ``derive_seed(seed, "coin", row)``.
 
     Args:
-        engine: the run's engine.
         path: the model's folder (what [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior]
             loads).
         is_junior: whether this model is the engine's junior.
