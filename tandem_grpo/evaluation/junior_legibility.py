@@ -191,7 +191,7 @@ def legibility(
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions.")
-    eos = [int(i) for i in eos_token_ids]
+    eos = {int(i) for i in eos_token_ids}
     with_overlap = senior is not None
     count = 0
     cot_ce: list[float | None] = []

@@ -186,7 +186,6 @@ def _evaluate(config: EvaluationConfig) -> dict:
             handle.write(json.dumps(r) + "\n")
     run.timing["total"] = time.perf_counter() - started
     results["timing_seconds"] = run.timing
-    results["outputs"] = {}
     write_report(results, out_dir, html_samples)
     logger.info("Wrote %s", out_dir / RESULTS_FILE)
     return results
