@@ -2,15 +2,10 @@
 ([`evaluate`][tandem_grpo.evaluation.runner.evaluate]) and the ``tandem-grpo evaluate`` command
 ([`cli.main`][tandem_grpo.evaluation.cli.main]).
 
-One module per measurement, each with its estimator, interval and null: [`solo`][tandem_grpo.evaluation.solo]
-(pass@k, accuracy, the pass@k curve), [`schedules`][tandem_grpo.evaluation.schedules] (handoff robustness),
-[`drift`][tandem_grpo.evaluation.drift] (drift from the base, tokens moved back),
-[`junior_legibility`][tandem_grpo.evaluation.junior_legibility] (the junior's cross-entropy and overlap) and
-[`hacks`][tandem_grpo.evaluation.hacks] (reward-hacking detectors). Shared statistics are in
-[`stats`][tandem_grpo.evaluation.stats]; [`config`][tandem_grpo.evaluation.config] holds the settings,
-[`steps`][tandem_grpo.evaluation.steps] the reasoning-step splitting, [`backends`][tandem_grpo.evaluation.backends]
-the generation, [`report`][tandem_grpo.evaluation.report] the outputs and [`runner`][tandem_grpo.evaluation.runner]
-the orchestration.
+One module per measurement, each with its estimator, interval and null: [`solo`][tandem_grpo.evaluation.solo],
+[`schedules`][tandem_grpo.evaluation.schedules] (handoff robustness), [`drift`][tandem_grpo.evaluation.drift],
+[`junior_legibility`][tandem_grpo.evaluation.junior_legibility] and [`hacks`][tandem_grpo.evaluation.hacks]; shared
+statistics in [`stats`][tandem_grpo.evaluation.stats], and [`runner`][tandem_grpo.evaluation.runner] orchestrates.
 """
 
 from .backends import GenerationBackend, TransformersBackend, create_backend

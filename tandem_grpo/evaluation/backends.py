@@ -10,7 +10,7 @@ models whatever the backend.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
@@ -35,13 +35,17 @@ def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | No
     return out
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it.
+def strip_eos(ids: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
+    """``ids`` without its trailing run of EOS ids."""
+    n = len(ids)
+    while n > 0 and int(ids[n - 1]) in eos_token_ids:
+        n -= 1
+    return list(ids[:n])
 
-    Returns:
-        ``(input_ids, attention_mask)``, long ``[B, P]`` with ``P`` the longest prompt; padding is ``pad_token_id``
-        with mask 0 on the left of each row.
-    """
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it: long
+    ``(input_ids, attention_mask)`` ``[B, P]``, ``P`` the longest prompt, padded with ``pad_token_id`` (mask 0)."""
     width = max(len(p) for p in prompts)
     input_ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
     attention_mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
@@ -56,12 +60,9 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
     the stop string and more (``".\n\n"``) is kept whole, as vLLM's ``include_stop_str_in_output`` keeps it.
     """
 
-    def text(n: int) -> str:
-        return tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-
     def found(n: int) -> bool:
-        t = text(n)
-        return any(s in t for s in stop)
+        text = tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return any(s in text for s in stop)
 
     if not stop or not found(len(ids)):
         return None
@@ -77,12 +78,10 @@ def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | Non
 
 class StopInCompletion(StoppingCriteria):
     """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string,
-    as in vLLM (transformers' ``stop_strings`` also match inside the prompt). Only the last ``window`` generated
-    tokens are decoded per step.
+    as in vLLM (transformers' ``stop_strings`` also match inside the prompt).
 
     Args:
         tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
-        stop: the stop strings.
         prompt_width: the batch's (left-padded) prompt length; generated tokens start there.
         window: generated tokens decoded per check (default: 16, or 4 per character of the longest stop string).
     """
@@ -107,6 +106,14 @@ def cut_at_stop(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> list[int]
     """``ids`` up to and including the token that completes the first stop string (all of ``ids`` without one)."""
     n = stop_length(ids, tokenizer, stop)
     return list(ids[: len(ids) if n is None else n])
+
+
+def per_prompt_caps(prompts: Sequence, max_new_tokens: int | Sequence[int]) -> list[int]:
+    """The length cap of each prompt from ``generate``'s ``max_new_tokens`` (one for all, or one per prompt)."""
+    caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(caps) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
+    return caps
 
 
 class GenerationBackend:
@@ -136,11 +143,8 @@ class GenerationBackend:
 
         Args:
             prompts: token-id lists (chat template already applied), any lengths.
-            sampling: sampling settings (the ones training uses;
-                [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
             max_new_tokens: the completion length cap, one for all prompts or one per prompt.
             seed: seed for this call.
-            desc: progress-bar label.
             stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``);
                 the cut is [`cut_at_stop`][tandem_grpo.evaluation.backends.cut_at_stop] on every backend.
 
@@ -177,13 +181,11 @@ class TransformersBackend(GenerationBackend):
 
     Args:
         model: a loaded causal LM (evaluation mode is set here).
-        tokenizer: its tokenizer.
-        batch_size: prompts per ``generate`` call (default 16).
+        batch_size: prompts per ``generate`` call.
         eos_token_ids: default: training's ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids],
             TRL's rule).
-        show_progress: draw a tqdm bar per call.
         junior: the junior model [`tandem`][tandem_grpo.evaluation.backends.TransformersBackend.tandem] co-generates
-            with (default: none; also settable as the ``junior`` attribute).
+            with (also settable as the ``junior`` attribute).
 
     Raises:
         ValueError: ``batch_size < 1``, or no EOS id (none given, and neither the tokenizer nor the generation
@@ -224,6 +226,17 @@ class TransformersBackend(GenerationBackend):
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
+    def _batches(self, prompts: Sequence[Sequence[int]], desc: str):
+        """``(index, start, input_ids, attention_mask)`` of each left-padded batch of ``batch_size`` prompts, under a
+        progress bar labelled ``desc``."""
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(prompts), desc=desc, unit="seq", disable=not self.show_progress, leave=False) as bar:
+            for b, start in enumerate(range(0, len(prompts), self.batch_size)):
+                batch = prompts[start : start + self.batch_size]
+                yield b, start, *left_pad(batch, self.pad_token_id)
+                bar.update(len(batch))
+
     @torch.no_grad()
     def generate(
         self,
@@ -235,17 +248,10 @@ class TransformersBackend(GenerationBackend):
         desc: str = "generate",
         stop: Sequence[str] = (),
     ) -> list[list[int]]:
-        from tqdm.auto import tqdm
-
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(caps) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
+        caps = per_prompt_caps(prompts, max_new_tokens)
         out: list[list[int]] = []
-        bar = tqdm(total=len(prompts), desc=desc, unit="seq", disable=not self.show_progress, leave=False)
-        for b, start in enumerate(range(0, len(prompts), self.batch_size)):
-            batch = [list(p) for p in prompts[start : start + self.batch_size]]
+        for b, start, input_ids, attention_mask in self._batches(prompts, desc):
             batch_caps = caps[start : start + self.batch_size]
-            input_ids, attention_mask = left_pad(batch, self.pad_token_id)
             width = input_ids.shape[1]
             with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
                 torch.manual_seed(derive_seed(seed, b))
@@ -272,8 +278,6 @@ class TransformersBackend(GenerationBackend):
                 cut_at_stop(cut_at_eos(c, self.eos_token_ids, cap), self.tokenizer, stop)
                 for c, cap in zip(completions, batch_caps, strict=True)
             )
-            bar.update(len(batch))
-        bar.close()
         return out
 
     @torch.no_grad()
@@ -293,8 +297,6 @@ class TransformersBackend(GenerationBackend):
         Raises:
             ValueError: no ``junior``.
         """
-        from tqdm.auto import tqdm
-
         from ..generation import tandem_generate
 
         if self.junior is None:
@@ -303,11 +305,8 @@ class TransformersBackend(GenerationBackend):
             vocab = self.model.config.get_text_config().vocab_size
             self._tables = BoundaryTables.from_tokenizer(self.tokenizer, vocab, self.eos_token_ids)
         parts = []
-        bar = tqdm(total=len(prompts), desc=desc, unit="seq", disable=not self.show_progress, leave=False)
-        for b, start in enumerate(range(0, len(prompts), self.batch_size)):
-            batch = [list(p) for p in prompts[start : start + self.batch_size]]
-            input_ids, attention_mask = left_pad(batch, self.pad_token_id)
-            seeds = torch.tensor([derive_seed(seed, "coin", start + i) for i in range(len(batch))], dtype=torch.long)
+        for b, start, input_ids, attention_mask in self._batches(prompts, desc):
+            coins = [derive_seed(seed, "coin", start + i) for i in range(len(input_ids))]
             generator = torch.Generator(device=self.device).manual_seed(derive_seed(seed, "tokens", b))
             parts.append(
                 tandem_generate(
@@ -321,12 +320,10 @@ class TransformersBackend(GenerationBackend):
                     max_new_tokens=max_new_tokens,
                     eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
-                    seeds=seeds.to(self.device),
+                    seeds=torch.tensor(coins, dtype=torch.long, device=self.device),
                     generator=generator,
                 )  # fmt: skip
             )
-            bar.update(len(batch))
-        bar.close()
         return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
 
 

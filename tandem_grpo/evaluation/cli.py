@@ -1,6 +1,5 @@
-"""``tandem-grpo evaluate``: the command-line front of ``tandem_grpo.evaluation.runner.evaluate``.
-
-The options are parsed into an [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] and run by
+"""``tandem-grpo evaluate``: the options parsed into an
+[`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] and run by
 [`evaluate`][tandem_grpo.evaluation.runner.evaluate].
 
 Example (two benchmarks with the paper authors' decoding, 50 problems of each):

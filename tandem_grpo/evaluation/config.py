@@ -45,13 +45,11 @@ PRESETS: dict[str, dict[str, float | int]] = {
 }
 """The presets of ``--preset``: name to the fields they set (sampling fields by their
 [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] names, the rest by their
-[`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] names).
+[`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] names), each sourced in ``PRESET_SOURCES``.
 
-``paper`` follows the authors' evaluation (CSSLab/Tandem-RLVR): ``eval/config.py`` (temperature 0.7, top-p 0.8,
-top-k 20, ``MAX_TOKENS`` 3000; min-p and repetition penalty left at vLLM's off values), ``eval/solo.py`` and
-``eval/handoff.py`` (``--n 8``, ``MAX_ROUNDS`` 150). Not adopted, having no field here: their 4096-token engine
-context (``eval/common.py`` ``response_budget``), their vLLM seeds, ``enable_thinking=False`` and their default
-benchmarks (``--dataset`` stays the user's choice)."""
+``paper`` leaves min-p and repetition penalty at vLLM's off values, as the authors do. Not adopted, having no field
+here: their 4096-token engine context (``eval/common.py`` ``response_budget``), their vLLM seeds,
+``enable_thinking=False`` and their default benchmarks (``--dataset`` stays the user's choice)."""
 
 PRESET_SOURCES = {
     "paper": "CSSLab/Tandem-RLVR eval/config.py (TEMPERATURE, TOP_P, TOP_K, MAX_TOKENS), eval/solo.py and "
@@ -88,8 +86,7 @@ class EvaluationConfig:
         limit: the first ``limit`` problems of each dataset (the authors truncate the concatenation,
             ``eval/common.py`` ``load_problems``; here every benchmark keeps problems).
         preset: ``None`` or a name of [`PRESETS`][tandem_grpo.evaluation.config.PRESETS], applied by
-            [`apply_preset`][tandem_grpo.evaluation.config.EvaluationConfig.apply_preset]: a flag given on the
-            command line, or from Python a field that differs from its default, wins over the preset.
+            [`apply_preset`][tandem_grpo.evaluation.config.EvaluationConfig.apply_preset].
 
     Invalid values raise [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError] from
     [`validate`][tandem_grpo.evaluation.config.EvaluationConfig.validate], which

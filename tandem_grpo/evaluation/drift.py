@@ -6,8 +6,7 @@ tokens it moves back, each with a bootstrap interval over problems and a null be
   pseudo-count 0.5 per bin, measured between disjoint halves of the samples (even and odd sample index of every
   problem): ``(KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``. **Null**: the same statistic between
   the base's own halves, so both compare equal amounts of text; ``excess = drift - null``. Coarsening keeps the
-  pseudo-count under a few percent of the mass: on a ~49k-entry vocabulary seen through a few thousand tokens, a
-  per-entry pseudo-count would carry half of each distribution.
+  pseudo-count a small share of the mass (docs/evaluation.md).
 - **Moved back** ([`moved_back`][tandem_grpo.evaluation.drift.moved_back]): GRPO's most-shifted tokens are
   selected on the even samples (at least ``min_count`` occurrences in GRPO's and the base's, ranked by
   ``|log p_grpo - log p_base|``) and measured on the odd ones: a token is moved back when the checkpoint's frequency
@@ -19,8 +18,7 @@ Intervals: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interva
 included) recomputed on each resample of problems; the arm and its null share resamples, so the excess's interval
 is paired.
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
-and ``num_resamples`` (default 1000).
+Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -60,8 +58,9 @@ def _check_grouped(name: str, groups: Completions, min_samples: int) -> None:
         )
 
 
-def _subset(groups: Completions, keep) -> list[list[list[int]]]:
-    return [[list(c) for i, c in enumerate(g) if keep(i)] for g in groups]
+def _subset(groups: Completions, every: int, offset: int) -> list[list[list[int]]]:
+    """The samples of each problem whose index is ``offset`` mod ``every``."""
+    return [[list(c) for c in list(g)[offset::every]] for g in groups]
 
 
 def _problem_counts(groups: Sequence[Sequence[Sequence[int]]], ids: torch.Tensor) -> torch.Tensor:
@@ -82,16 +81,13 @@ def _vocabulary(*sets: Completions) -> torch.Tensor:
 
 
 def binned_kl(p_counts: torch.Tensor, q_counts: torch.Tensor, bins: int = DEFAULT_DRIFT_BINS) -> torch.Tensor:
-    """KL(p || q) in nats between two token-count vectors coarsened to ``bins`` bins plus one for the rest.
-
-    The bins are the ``bins`` ids with the largest pooled count ``p + q`` (per row); every other id goes to one
-    shared bin; each bin gets the Jeffreys pseudo-count ``0.5`` on both sides.
+    """KL(p || q) in nats between two token-count vectors coarsened to the ``bins`` ids of largest pooled count
+    ``p + q`` (per row) plus one bin for the rest, with ``PSEUDO_COUNT`` added to every bin on both sides.
 
     Args:
         p_counts: float ``[..., V]`` counts of the first set.
         q_counts: float ``[..., V]`` counts of the second set, same shape.
-        bins: ``K >= 1`` (default [`DEFAULT_DRIFT_BINS`][tandem_grpo.evaluation.drift.DEFAULT_DRIFT_BINS]); fewer
-            when ``V`` is smaller.
+        bins: ``>= 1``; fewer when ``V`` is smaller.
 
     Returns:
         float64 ``[...]``; NaN where either side has no tokens.
@@ -142,8 +138,7 @@ def drift(
     Args:
         model: ``[P][k]`` the checkpoint's solo completions (token ids, EOS included), ``k >= 2``.
         base: ``[P][k]`` the base's solo completions of the same problems.
-        bins: most frequent tokens kept as bins (default 100).
-        prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` (default) for none.
+        prefix_tokens: ``N >= 1`` for the by-position blocks, or ``None`` for none.
 
     Returns:
         ``{"kl_nats", "null_kl_nats", "excess_nats"}`` (each an interval dict: ``value``, ``ci_low``,
@@ -160,36 +155,34 @@ def drift(
     _check_grouped("drift (base)", base, 2)
     if prefix_tokens is not None and prefix_tokens < 1:
         raise ValueError(f"prefix_tokens={prefix_tokens!r} must be >= 1.")
-    weights = resample_weights(len(model), num_resamples, seed)
-    out = _drift_block(model, base, bins, weights, confidence, _method(num_resamples, seed))
+    weights, method = resample_weights(len(model), num_resamples, seed), _method(num_resamples, seed)
+
+    def block(model_groups: Completions, base_groups: Completions) -> dict:
+        return _drift_block(model_groups, base_groups, bins, weights, confidence, method)
+
+    out = block(model, base)
     out["estimator"] = (
         f"KL of marginal token distributions coarsened to the {bins} most frequent tokens + 1 bin, pseudo-count "
         f"{PSEUDO_COUNT}, between even and odd samples (model vs base, averaged both ways); null: the base's own "
         "even vs odd samples"
     )
     if prefix_tokens is not None:
-        out["by_position"] = {"prefix_tokens": prefix_tokens}
-        for part in ("first", "rest"):
-            sliced_m, sliced_b = _by_position(model, part, prefix_tokens), _by_position(base, part, prefix_tokens)
-            out["by_position"][part] = _drift_block(
-                sliced_m, sliced_b, bins, weights, confidence, _method(num_resamples, seed)
-            )
+        out["by_position"] = _by_position(block, (model, base), prefix_tokens)
     return out
 
 
 def _kl_rows(model, base, bins, weights) -> tuple[torch.Tensor, torch.Tensor, int, int]:
     """``(arm, null, model tokens, base tokens)``: the binned KL of the model's halves against the base's and of the
     base's two halves, each float64 ``[1 + R]`` (row 0 the point estimate, then one per resample of ``weights``)."""
-    even, odd = (lambda i: i % 2 == 0), (lambda i: i % 2 == 1)
     ids = _vocabulary(model, base)
-    m_even, m_odd = _problem_counts(_subset(model, even), ids), _problem_counts(_subset(model, odd), ids)
-    b_even, b_odd = _problem_counts(_subset(base, even), ids), _problem_counts(_subset(base, odd), ids)
+    m_even, m_odd = _problem_counts(_subset(model, 2, 0), ids), _problem_counts(_subset(model, 2, 1), ids)
+    b_even, b_odd = _problem_counts(_subset(base, 2, 0), ids), _problem_counts(_subset(base, 2, 1), ids)
     me, mo, be, bo = (weights @ c for c in (m_even, m_odd, b_even, b_odd))
     arm = (binned_kl(me, bo, bins) + binned_kl(mo, be, bins)) / 2
     # The null over the base's own ids: which of equally frequent ids become bins depends on the columns, and the
     # null must be the base's alone, the same for every model compared with it.
     own = _vocabulary(base)
-    be, bo = (weights @ _problem_counts(_subset(base, half), own) for half in (even, odd))
+    be, bo = (weights @ _problem_counts(_subset(base, 2, half), own) for half in (0, 1))
     null = (binned_kl(be, bo, bins) + binned_kl(bo, be, bins)) / 2
     return arm, null, int(m_even.sum() + m_odd.sum()), int(b_even.sum() + b_odd.sum())
 
@@ -207,9 +200,13 @@ def _drift_block(model, base, bins, weights, confidence, method) -> dict:
     }
 
 
-def _by_position(groups: Completions, part: str, prefix_tokens: int) -> list[list[list[int]]]:
-    cut = slice(None, prefix_tokens) if part == "first" else slice(prefix_tokens, None)
-    return [[list(c)[cut] for c in g] for g in groups]
+def _by_position(block, sets: Sequence[Completions], prefix_tokens: int) -> dict:
+    """``{"prefix_tokens", "first", "rest"}``: ``block(*sets)`` on each completion's first ``prefix_tokens`` tokens
+    and on the rest."""
+    out: dict = {"prefix_tokens": prefix_tokens}
+    for part, cut in (("first", slice(None, prefix_tokens)), ("rest", slice(prefix_tokens, None))):
+        out[part] = block(*([[list(c)[cut] for c in g] for g in groups] for groups in sets))
+    return out
 
 
 def drift_difference(
@@ -228,17 +225,12 @@ def drift_difference(
     Both drifts are [`drift`][tandem_grpo.evaluation.drift.drift]'s ``kl_nats`` recomputed on the same bootstrap
     resamples of the problems (the same ``seed`` gives ``drift``'s resamples), so the value is exactly the difference
     of the two ``drift`` values, and of their ``excess_nats`` (both subtract the same null), and what the problems
-    share cancels from the interval.
+    share cancels from the interval. ``bins`` and ``prefix_tokens`` are ``drift``'s.
 
     Args:
         model_a: ``[P][k]`` solo completions (token ids) of the first model, ``k >= 2``.
         model_b: ``[P][k]`` of the second, the same problems in the same order.
         base: ``[P][k]`` the base's.
-        bins: most frequent tokens kept as bins (default 100), as for ``drift``.
-        prefix_tokens: ``N >= 1`` for the by-position differences, or ``None`` (default).
-        confidence: interval level (default 0.95).
-        num_resamples: bootstrap resamples (default 1000).
-        seed: resampling seed (default 0; ``drift``'s seed gives its resamples).
 
     Returns:
         ``{"kl_nats": interval dict of a - b}``, with ``prefix_tokens`` also
@@ -262,10 +254,7 @@ def drift_difference(
 
     out = difference(model_a, model_b, base)
     if prefix_tokens is not None:
-        out["by_position"] = {"prefix_tokens": prefix_tokens}
-        for part in ("first", "rest"):
-            a, b, reference = (_by_position(g, part, prefix_tokens) for g in (model_a, model_b, base))
-            out["by_position"][part] = difference(a, b, reference)
+        out["by_position"] = _by_position(difference, (model_a, model_b, base), prefix_tokens)
     return out
 
 
@@ -313,19 +302,18 @@ def moved_back(
 ) -> dict:
     """The share of GRPO's most-shifted tokens that ``checkpoint`` moves back towards the base, with its null.
 
-    Paper (section 5.3): 87% of GRPO's 500 most-shifted tokens move back under tandem training. Here selection and
-    measurement use disjoint samples, counts are compared at equal token totals, and the null is GRPO against its
-    own samples (module docstring). Sample parts by index within each problem: selection ``0 mod 2`` (GRPO and
-    base), base reference ``1 mod 2``, checkpoint ``1 mod 4``, GRPO ``3 mod 4``, null GRPO ``1 mod 4``.
+    The paper's measure (section 5.3) with disjoint selection and measurement samples, equal token totals and a null
+    (module docstring). Sample parts by index within each problem: selection ``0 mod 2`` (GRPO and base), base
+    reference ``1 mod 2``, checkpoint ``1 mod 4``, GRPO ``3 mod 4``, null GRPO ``1 mod 4``.
 
     Args:
         base: ``[P][k]`` the base's solo completions, ``k >= 4``.
         grpo: ``[P][k]`` the GRPO checkpoint's.
         checkpoint: ``[P][k]`` the checkpoint compared with GRPO.
         vocab_size: ``V``, the normalizer of the per-token pseudo-count.
-        top_n: tokens selected at most (default 500, the paper's); fewer when fewer pass ``min_count``.
-        min_count: fewest selection-sample occurrences of a candidate (default 10).
-        seed: seed of the resampling and of the thinning (default 0).
+        top_n: tokens selected at most (the paper's 500); fewer when fewer pass ``min_count``.
+        min_count: fewest selection-sample occurrences of a candidate.
+        seed: seed of the resampling and of the thinning.
 
     Returns:
         ``{"fraction_moved_back", "null_fraction", "excess"}`` (interval dicts), ``"num_selected"``,
@@ -343,12 +331,12 @@ def moved_back(
         raise ValueError(f"top_n={top_n!r} and min_count={min_count!r} must both be >= 1.")
     ids = _vocabulary(base, grpo, checkpoint)
     parts = {
-        "base_sel": _subset(base, lambda i: i % 2 == 0),
-        "grpo_sel": _subset(grpo, lambda i: i % 2 == 0),
-        "base_ref": _subset(base, lambda i: i % 2 == 1),
-        "grpo_ref": _subset(grpo, lambda i: i % 4 == 3),
-        "arm": _subset(checkpoint, lambda i: i % 4 == 1),
-        "null": _subset(grpo, lambda i: i % 4 == 1),
+        "base_sel": _subset(base, 2, 0),
+        "grpo_sel": _subset(grpo, 2, 0),
+        "base_ref": _subset(base, 2, 1),
+        "grpo_ref": _subset(grpo, 4, 3),
+        "arm": _subset(checkpoint, 4, 1),
+        "null": _subset(grpo, 4, 1),
     }
     counts = {name: _problem_counts(groups, ids) for name, groups in parts.items()}
     weights = resample_weights(len(base), num_resamples, seed)

@@ -4,10 +4,7 @@ length and the cap rate of a model's completions.
 Why: a model that learns a format reward by repeating ``\\boxed{`` drifts from the base and becomes *easier* for the
 junior to predict (repetition is predictable, not legible); these numbers make that visible. Each is a mean per
 completion, then per problem, with a percentile bootstrap interval over problems
-([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]).
-
-``hack_detectors`` takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed,
-default 0).
+([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean], whose ``confidence`` and ``seed`` these are).
 """
 
 from __future__ import annotations
@@ -74,8 +71,7 @@ def hack_detectors(
         eos_token_ids: ids that end a completion.
 
     Returns:
-        ``{"repeated_4gram_share", "distinct_2", "boxed_share", "num_tokens", "cap_rate"}``, each an interval dict
-        (``value``, ``ci_low``, ``ci_high``, ...).
+        ``{"repeated_4gram_share", "distinct_2", "boxed_share", "num_tokens", "cap_rate"}``, each an interval dict.
 
     Raises:
         ValueError: ``completions`` and ``texts`` of different shapes, or no problems.

@@ -1,26 +1,19 @@
 """Legibility to the junior (paper section 5.4): the junior's per-token cross-entropy on a senior's completions and
-the overlap of the two models' next-token distributions, averaged as the paper's authors do, with an interval over
-problems, a null and paired differences.
+the overlap of the two models' next-token distributions, with an interval over problems, a null and paired
+differences.
 
-Source of the averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one
-sampled completion) gets the mean over its tokens without its trailing EOS (they score the decoded text, which has
-none); a benchmark's figure is the plain mean of those per-CoT values; the headline is the macro average over
-benchmarks. CoTs with nothing left to score are skipped. Unlike the authors, nothing is dropped for length (they drop
-CoTs that overflow their 4096-token engine context).
+Averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one sampled
+completion) gets the mean over its tokens without its trailing EOS; a benchmark's figure is the plain mean of its
+per-CoT values; the headline is the macro average over benchmarks. CoTs with nothing left to score are skipped, and
+none is dropped for length (the authors drop those over their 4096-token engine context).
 
-- **Estimator**: [`legibility`][tandem_grpo.evaluation.junior_legibility.legibility] (per-CoT values) and
-  [`cot_mean`][tandem_grpo.evaluation.junior_legibility.cot_mean] (the mean over CoTs).
-- **Interval**: normal interval over bootstrap resamples of problems
-  ([`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval]); a problem drawn twice counts its CoTs
-  twice.
-- **Null**: the same statistic on the even-indexed samples of every problem minus the odd-indexed ones of the same
-  model: 0 in expectation, with about ``sqrt(2)`` times the spread of a difference between two samplings of ``k``.
-- **Paired difference** of two models on the same problems
-  ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both sides recomputed on
-  the same resamples, so what the problems share cancels.
+- **Interval**: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval] over resamples of problems
+  (a problem drawn twice counts its CoTs twice).
+- **Null**: the same statistic on each problem's even-indexed samples minus its odd-indexed ones (0 in expectation).
+- **Paired difference** ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both
+  models recomputed on the same resamples, so what the problems share cancels.
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0),
-and ``num_resamples`` (default 1000).
+Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -31,7 +24,16 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..generation import ModelCall
-from .stats import DEFAULT_NUM_RESAMPLES, by_problem, normal_interval, normal_method, resample_weights
+from .backends import left_pad, strip_eos
+from .stats import (
+    DEFAULT_NUM_RESAMPLES,
+    by_problem,
+    check_confidence,
+    group_by_benchmark,
+    normal_interval,
+    normal_method,
+    resample_weights,
+)
 
 Grouped = Sequence[Sequence[float | None]]
 """``[P][k]`` per-CoT values, problem-major; ``None`` (or NaN) marks a CoT that was not scored."""
@@ -66,17 +68,11 @@ def pad_batch(
         long ``(input_ids [B, P + T], attention_mask [B, P + T], completion_ids [B, T], completion_mask [B, T])``,
         ``P`` the longest prompt, ``T`` the longest completion (at least 1), padded with ``pad_token_id``.
     """
-    p_len = max(len(p) for p in prompts)
+    prompt_ids, prompt_mask = left_pad(prompts, pad_token_id)
     t_len = max(1, max(len(c) for c in completions))
-    ids, attn, comp, comp_mask = [], [], [], []
-    for p, c in zip(prompts, completions, strict=True):
-        p_pad, c_pad = p_len - len(p), t_len - len(c)
-        ids.append([pad_token_id] * p_pad + list(p) + list(c) + [pad_token_id] * c_pad)
-        attn.append([0] * p_pad + [1] * (len(p) + len(c)) + [0] * c_pad)
-        comp.append(list(c) + [pad_token_id] * c_pad)
-        comp_mask.append([1] * len(c) + [0] * c_pad)
-    as_long = lambda x: torch.tensor(x, dtype=torch.long)  # noqa: E731
-    return as_long(ids), as_long(attn), as_long(comp), as_long(comp_mask)
+    comp = torch.tensor([list(c) + [pad_token_id] * (t_len - len(c)) for c in completions], dtype=torch.long)
+    comp_mask = torch.tensor([[1] * len(c) + [0] * (t_len - len(c)) for c in completions], dtype=torch.long)
+    return torch.cat([prompt_ids, comp], dim=1), torch.cat([prompt_mask, comp_mask], dim=1), comp, comp_mask
 
 
 def completion_logits(
@@ -103,18 +99,12 @@ def completion_logits(
 def shared_prompt_logits(
     model, prompt: Sequence[int], completion_ids: torch.Tensor, completion_mask: torch.Tensor
 ) -> torch.Tensor:
-    """float ``[B, T, V]`` teacher-forced logits predicting ``B`` right-padded completions of one prompt: the prompt
-    is run once and its KV cache repeated for the ``B`` completions (``DynamicCache.batch_repeat_interleave``), so a
-    group of ``k`` samples costs one prompt pass instead of ``k``. The same values as
-    [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] on the padded batch, up to
-    float rounding. The model is called as ``generate`` calls it
-    ([`ModelCall`][tandem_grpo.generation.ModelCall]: its cache keyword, its config's cache layers).
-
-    Args:
-        model: a causal LM whose cache is a ``DynamicCache`` (``can_share_prompt``).
-        prompt: the prompt's ids (chat template applied).
-        completion_ids: long ``[B, T]``, right-padded; completion_mask: long ``[B, T]``, 1 on real tokens.
-    """
+    """float ``[B, T, V]`` teacher-forced logits predicting ``B`` right-padded completions (long ``completion_ids``
+    and ``completion_mask`` ``[B, T]``) of one ``prompt``: the prompt runs once and its KV cache is repeated for the
+    ``B`` rows, so ``k`` samples cost one prompt pass. Equal to
+    [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] up to float rounding. The model
+    is called as ``generate`` calls it ([`ModelCall`][tandem_grpo.generation.ModelCall]); it needs a ``DynamicCache``
+    ([`can_share_prompt`][tandem_grpo.evaluation.junior_legibility.can_share_prompt])."""
     device = next(model.parameters()).device
     rows, t_len = completion_ids.shape
     p_len = len(prompt)
@@ -159,29 +149,21 @@ def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_id
 
 
 def _batches(prompts: Sequence[Sequence[int]], batch_size: int):
-    """``(start, stop)`` row ranges of at most ``batch_size`` rows: a run of rows with one prompt (a problem's ``k``
-    samples) stays in batches of its own, scored with one prompt pass (``shared_prompt_logits``); other rows are
-    batched as they come."""
+    """``(start, stop, shared_prompt)`` row ranges of at most ``batch_size`` rows: a run of rows with one prompt (a
+    problem's ``k`` samples) stays in batches of its own, with that prompt as ``shared_prompt`` when a batch has
+    several rows; other rows are batched as they come (``shared_prompt`` ``None``)."""
     same = lambda a, b: b < len(prompts) and list(prompts[a]) == list(prompts[b])  # noqa: E731
     start = 0
     while start < len(prompts):
-        stop = start + 1
-        if same(start, stop):
+        stop, shared = start + 1, same(start, start + 1)
+        if shared:
             while stop - start < batch_size and same(start, stop):
                 stop += 1
         else:
             while stop - start < batch_size and stop < len(prompts) and not same(stop, stop + 1):
                 stop += 1
-        yield start, stop
+        yield start, stop, prompts[start] if shared and stop - start > 1 else None
         start = stop
-
-
-def _trailing_eos_free_length(ids: Sequence[int], eos: set[int]) -> int:
-    """Length of ``ids`` without its trailing run of EOS ids."""
-    n = len(ids)
-    while n > 0 and int(ids[n - 1]) in eos:
-        n -= 1
-    return n
 
 
 @torch.no_grad()
@@ -199,17 +181,15 @@ def legibility(
     """Junior cross-entropy on the senior's completions and senior/junior overlap, per CoT and averaged over CoTs.
 
     Both models are teacher-forced on ``prompt + completion``; per completion token, the cross-entropy is
-    ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1.
-    Each CoT's figure is the mean over its tokens without its trailing EOS run (a completion cut at the length cap
-    has none and is scored whole); the headline is the plain mean of the per-CoT figures (module docstring).
+    ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1,
+    averaged per CoT and over CoTs as the module docstring says (a completion cut at the length cap has no EOS and is
+    scored whole).
 
     Args:
         senior: the model that wrote ``completions``; ``None`` skips the overlap.
-        junior: the frozen junior.
         prompts: ``[N]`` prompt token ids (chat template applied).
         completions: ``[N]`` completion ids, cut after EOS.
-        pad_token_id: filler id (masked out).
-        batch_size: sequences per forward pass (default 4).
+        batch_size: sequences per forward pass.
         progress: optional tqdm-like object; ``update(n)`` per batch.
         eos_token_ids: ids left out of the per-CoT means when trailing; ``[]`` scores every token.
 
@@ -230,11 +210,9 @@ def legibility(
     cot_ce: list[float | None] = []
     cot_overlap: list[float | None] = []
     cot_tokens: list[int] = []
-    for start, stop in _batches(prompts, batch_size):
-        batch_p = prompts[start:stop]
+    for start, stop, shared in _batches(prompts, batch_size):
         batch_c = completions[start:stop]
-        input_ids, attn, comp, comp_mask = pad_batch(batch_p, batch_c, pad_token_id)
-        shared = batch_p[0] if len(batch_p) > 1 and all(list(p) == list(batch_p[0]) for p in batch_p) else None
+        input_ids, attn, comp, comp_mask = pad_batch(prompts[start:stop], batch_c, pad_token_id)
         batch = (shared, input_ids, attn, comp, comp_mask)
         junior_logits = _batch_logits(junior, *batch)
         nll = token_cross_entropy(junior_logits, comp).cpu()
@@ -252,13 +230,13 @@ def legibility(
         del junior_logits
         count += int(comp_mask.sum())
         for row, c in enumerate(batch_c):
-            n = _trailing_eos_free_length(c, eos)
+            n = len(strip_eos(c, eos))
             cot_tokens.append(n)
             cot_ce.append(float(nll[row, :n].mean()) if n else None)
             if overlap is not None:
                 cot_overlap.append(float(overlap[row, :n].mean()) if n else None)
         if progress is not None:
-            progress.update(len(batch_p))
+            progress.update(len(batch_c))
     scored_ce = [v for v in cot_ce if v is not None]
     scored_overlap = [v for v in cot_overlap if v is not None]
     mean = lambda xs: sum(xs) / len(xs) if xs else float("nan")  # noqa: E731
@@ -282,14 +260,18 @@ def legibility(
     }
 
 
+def _scored(values, keep=lambda i: True) -> list[float]:
+    """The values whose index passes ``keep`` that were scored (neither ``None`` nor NaN)."""
+    return [float(v) for i, v in enumerate(values) if keep(i) and v is not None and not math.isnan(float(v))]
+
+
 def _sums(groups: Grouped, keep=lambda i: True) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``[P]`` sums and counts of the scored values of every problem (samples whose index passes ``keep``)."""
-    sums, counts = [], []
-    for g in groups:
-        scored = [float(v) for i, v in enumerate(g) if keep(i) and v is not None and not math.isnan(float(v))]
-        sums.append(sum(scored))
-        counts.append(len(scored))
-    return torch.tensor(sums, dtype=torch.float64), torch.tensor(counts, dtype=torch.float64)
+    scored = [_scored(g, keep) for g in groups]
+    return (
+        torch.tensor([sum(s) for s in scored], dtype=torch.float64),
+        torch.tensor([len(s) for s in scored], dtype=torch.float64),
+    )
 
 
 def _mean_over_cots(weights: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -310,8 +292,7 @@ def _with_null(statistic, values: Grouped, confidence: float, method: str) -> tu
 def _check(name: str, groups: Grouped, confidence: float) -> None:
     if len(groups) == 0:
         raise ValueError(f"{name}: no problems.")
-    if not 0.0 < confidence < 1.0:
-        raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
+    check_confidence(confidence)
 
 
 def cot_mean(
@@ -339,14 +320,13 @@ def cot_mean(
     weights = resample_weights(len(values), num_resamples, seed)
     mean, null = _with_null(lambda keep: _mean_over_cots(weights, *_sums(values, keep)), values, confidence,
                             normal_method(num_resamples, seed))  # fmt: skip
-    counts = _sums(values)[1]
-    total = sum(len(g) for g in values)
+    num_scored = int(_sums(values)[1].sum())
     return {
         "mean": mean,
         "null_half_difference": null,
         "num_problems": len(values),
-        "num_scored": int(counts.sum()),
-        "num_skipped": total - int(counts.sum()),
+        "num_scored": num_scored,
+        "num_skipped": sum(len(g) for g in values) - num_scored,
         "estimator": (
             "mean over CoTs of the per-CoT mean (authors' eval/legibility.py); null: the same mean on each "
             "problem's even-indexed samples minus its odd-indexed samples"
@@ -399,21 +379,18 @@ def benchmark_means(values: Grouped, benchmarks: Sequence[str]) -> dict[str, flo
     Raises:
         ValueError: ``benchmarks`` not aligned with ``values``.
     """
-    if len(benchmarks) != len(values):
-        raise ValueError(f"benchmark_means: {len(benchmarks)} benchmark names for {len(values)} problems.")
-    sums: dict[str, float] = {}
-    counts: dict[str, int] = {}
-    for name, group in zip(benchmarks, values, strict=True):
-        scored = [float(v) for v in group if v is not None and not math.isnan(float(v))]
-        sums[name] = sums.get(name, 0.0) + sum(scored)
-        counts[name] = counts.get(name, 0) + len(scored)
-    return {name: sums[name] / counts[name] if counts[name] else None for name in sums}
+    means = {}
+    for name, groups in group_by_benchmark(values, benchmarks, "benchmark_means: ").items():
+        scored = [_scored(g) for g in groups]
+        count = sum(len(s) for s in scored)
+        means[name] = sum(sum(s) for s in scored) / count if count else None
+    return means
 
 
 def macro_average(by_benchmark: Mapping[str, float | None]) -> float | None:
     """The authors' headline (``macro_ce``): the plain mean of the benchmarks' figures, ``None`` or NaN ones left
     out; ``None`` when none has a figure."""
-    figures = [float(v) for v in by_benchmark.values() if v is not None and not math.isnan(float(v))]
+    figures = _scored(list(by_benchmark.values()))
     return sum(figures) / len(figures) if figures else None
 
 
@@ -430,10 +407,9 @@ def macro_mean(
     even/odd null, problems resampled within each benchmark (every resample keeps every benchmark).
 
     Args:
-        values: ``[P][k]`` per-CoT values of one model over every benchmark's problems (``None`` or NaN: not
-            scored).
+        values: ``[P][k]`` per-CoT values, as for ``benchmark_means``.
         benchmarks: ``[P]`` each problem's benchmark name.
-        seed: resampling seed (default 0); benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
+        seed: benchmark ``i`` (in order of first appearance) resamples with ``seed + i``.
 
     Returns:
         ``{"mean": interval, "null_half_difference": interval or None, "benchmarks": [names]}``; a benchmark with
@@ -443,19 +419,16 @@ def macro_mean(
         ValueError: no problems, ``benchmarks`` not aligned with ``values``, or ``confidence`` outside (0, 1).
     """
     _check("macro_mean", values, confidence)
-    if len(benchmarks) != len(values):
-        raise ValueError(f"macro_mean: {len(benchmarks)} benchmark names for {len(values)} problems.")
-    names = list(dict.fromkeys(benchmarks))
-    groups = {b: [g for g, name in zip(values, benchmarks, strict=True) if name == b] for b in names}
-    weights = {b: resample_weights(len(groups[b]), num_resamples, seed + i) for i, b in enumerate(names)}
+    groups = group_by_benchmark(values, benchmarks, "macro_mean: ")
+    weights = {b: resample_weights(len(rows), num_resamples, seed + i) for i, (b, rows) in enumerate(groups.items())}
 
     def macro(keep=lambda i: True) -> torch.Tensor:
-        means = torch.stack([_mean_over_cots(weights[b], *_sums(groups[b], keep)) for b in names])
+        means = torch.stack([_mean_over_cots(weights[b], *_sums(rows, keep)) for b, rows in groups.items()])
         return means.nanmean(dim=0)
 
     method = normal_method(num_resamples, seed) + ", stratified by benchmark"
     mean, null = _with_null(macro, values, confidence, method)
-    return {"mean": mean, "null_half_difference": null, "benchmarks": names}
+    return {"mean": mean, "null_half_difference": null, "benchmarks": list(groups)}
 
 
 def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence: float = 0.95, seed: int = 0) -> dict:
@@ -482,8 +455,8 @@ def legibility_block(out: dict, benchmarks: Sequence[str], k: int, *, confidence
         means = dict.fromkeys(names) if values is None else benchmark_means(values, benchmarks)
         for b in names:
             by_benchmark[b][metric] = means[b]
-            if values is not None and len(names) > 1:
-                rows = [g for g, name in zip(values, benchmarks, strict=True) if name == b]
+        if values is not None and len(names) > 1:
+            for b, rows in group_by_benchmark(values, benchmarks).items():
                 by_benchmark[b][f"{metric}_with_null"] = cot_mean(rows, **stats)
     entry["with_null_pooled_over_benchmarks"] = len(names) > 1
     entry["by_benchmark"] = by_benchmark

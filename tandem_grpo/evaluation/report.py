@@ -56,6 +56,23 @@ def _pyplot():
     return plt
 
 
+def _save(fig, path: str | Path) -> Path:
+    """Lay out ``fig``, write it to ``path`` and close it."""
+    import matplotlib.pyplot as plt
+
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return Path(path)
+
+
+def _interval(estimate: dict | None) -> tuple[float, float, float] | None:
+    """``(value, low, high)`` of an interval dict (``None`` without one or without a value)."""
+    if not estimate or estimate["value"] is None:
+        return None
+    return estimate["value"], estimate["ci_low"], estimate["ci_high"]
+
+
 def _bar_groups(ax, groups: Sequence[str], series: dict[str, list[tuple[float, float, float] | None]], ylabel: str):
     """Grouped bars: one group per entry of ``groups``, one bar per series; values are (value, low, high)."""
     n = max(1, len(series))
@@ -92,8 +109,7 @@ def plot_pass_at_k(results: dict, path: str | Path) -> Path:
             row = []
             for s in schedules:
                 entry = ckpt["solo"] if s == "solo" else ckpt.get("handoff", {}).get(s)
-                est = entry.get(f"pass@{k}") if entry else None
-                row.append((est["value"], est["ci_low"], est["ci_high"]) if est else None)
+                row.append(_interval(entry.get(f"pass@{k}")) if entry else None)
             series[name] = row
         junior = results.get("junior", {}).get("solo")
         if junior and f"pass@{k}" in junior:
@@ -101,10 +117,7 @@ def plot_pass_at_k(results: dict, path: str | Path) -> Path:
         _bar_groups(ax, schedules, series, f"pass@{k}")
         ax.set_ylim(0, 1)
         ax.set_title(f"pass@{k} by schedule ({results['settings']['confidence']:.0%} CI)", fontsize=9)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def _solo_curves(results: dict) -> dict[str, dict]:
@@ -120,7 +133,8 @@ def plot_pass_at_k_curve(results: dict, path: str | Path) -> Path:
     interval as a band; the legend gives each model's coverage (share of problems solved by any sample)."""
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(6.5, 4))
-    for label, curve in _solo_curves(results).items():
+    curves = _solo_curves(results)
+    for label, curve in curves.items():
         ks = curve["k"]
         values = [e["value"] for e in curve["pass_at_k"]]
         cov = curve["coverage"]
@@ -128,7 +142,7 @@ def plot_pass_at_k_curve(results: dict, path: str | Path) -> Path:
         lows, highs = [e["ci_low"] for e in curve["pass_at_k"]], [e["ci_high"] for e in curve["pass_at_k"]]
         ax.fill_between(ks, lows, highs, color=line.get_color(), alpha=0.15)
     ax.set_xscale("log", base=2)
-    last = max((curve["k"][-1] for curve in _solo_curves(results).values()), default=1)
+    last = max((curve["k"][-1] for curve in curves.values()), default=1)
     ticks = sorted({2**i for i in range(last.bit_length()) if 2**i <= last} | {last})
     ax.set_xticks(ticks, [str(k) for k in ticks])
     ax.minorticks_off()
@@ -137,10 +151,7 @@ def plot_pass_at_k_curve(results: dict, path: str | Path) -> Path:
     ax.set_ylabel("pass@k (unbiased)")
     ax.set_title(f"Solo pass@k curve ({results['settings']['confidence']:.0%} bootstrap CI)", fontsize=9)
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def _drift_value(entry: dict, part: str | None) -> tuple[float, float, float] | None:
@@ -193,16 +204,12 @@ def plot_drift(results: dict, path: str | Path) -> Path:
     _bar_groups(ax, list(drifts), series, "KL(model || base), nats")
     ax.set_title("Marginal token distribution drift, by completion position", fontsize=9)
     if moved:
-
-        def estimate(e: dict) -> tuple[float, float, float] | None:
-            return None if e["value"] is None else (e["value"], e["ci_low"], e["ci_high"])
-
         _bar_groups(
             axes[0][1],
             list(moved),
             {
-                "checkpoint": [estimate(m["fraction_moved_back"]) for m in moved.values()],
-                "null (GRPO vs itself)": [estimate(m["null_fraction"]) for m in moved.values()],
+                "checkpoint": [_interval(m["fraction_moved_back"]) for m in moved.values()],
+                "null (GRPO vs itself)": [_interval(m["null_fraction"]) for m in moved.values()],
             },
             "share moved back",
         )
@@ -226,10 +233,7 @@ def plot_drift(results: dict, path: str | Path) -> Path:
         ax2.set_ylabel("tandem shift: log p_tandem - log p_base")
         ax2.set_title("GRPO's most-shifted tokens under tandem training", fontsize=9)
         ax2.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 def plot_legibility(results: dict, path: str | Path) -> Path:
@@ -254,10 +258,7 @@ def plot_legibility(results: dict, path: str | Path) -> Path:
     for ax in axes:
         ax.set_xticks(range(len(names)))
         ax.set_xticklabels(names, rotation=20, ha="right", fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-    return Path(path)
+    return _save(fig, path)
 
 
 # ------------------------------------------------------------------------------------------------ authorship

@@ -3,12 +3,8 @@ for one or more senior checkpoints, written to a results folder.
 
 The runner only orchestrates: it loads the problems and every distinct model once (a model in several roles, e.g.
 the junior that is also the base, is sampled once and its solo completions reused, so ``KL(base || base)`` is 0),
-generates, and hands the completions to the module of each measurement:
-
-1. solo capability ([`solo`][tandem_grpo.evaluation.solo], with [`hacks`][tandem_grpo.evaluation.hacks]);
-2. handoff robustness ([`schedules`][tandem_grpo.evaluation.schedules], scored as solo);
-3. drift from the base and the tokens moved back ([`drift`][tandem_grpo.evaluation.drift]);
-4. legibility to the junior ([`junior_legibility`][tandem_grpo.evaluation.junior_legibility]).
+generates, and hands the completions to the module of each measurement, in order: solo (with hacks), handoff
+(scored as solo), drift, legibility.
 
 With several benchmarks (``--dataset gsm8k math500``) the problems share every measurement's rows; pass@k,
 accuracy and legibility blocks add ``by_benchmark`` and ``macro`` (the plain mean over benchmarks, the authors'
@@ -73,9 +69,6 @@ def evaluate(config: EvaluationConfig) -> dict:
     ([`inputs`][tandem_grpo.evaluation.inputs]). Solo capability always runs, then the measurements of
     ``config.measurements`` in order. Writes ``results.json``, ``samples.jsonl``, ``samples.html`` and the plots of
     [`write_report`][tandem_grpo.evaluation.report.write_report] to ``config.output_dir``.
-
-    Args:
-        config: the run's settings.
 
     Raises:
         EvaluationError: a bad argument, an empty or unreadable dataset, mismatched vocabularies, or a checkpoint
@@ -144,10 +137,6 @@ class _Run:
         pooled = capability(grouped, ks, seed=c.seed, confidence=c.confidence)
         return pooled | capability_by_benchmark(grouped, self.benchmarks, ks, seed=c.seed, confidence=c.confidence)
 
-    def benchmark_names(self) -> list[str]:
-        """The run's benchmarks, in ``--dataset`` order."""
-        return list(dict.fromkeys(self.benchmarks))
-
     def solo_block(self, m: _Model) -> dict:
         """A model's solo results: pass@k and accuracy, mean length, the pass@k curve with coverage, and the
         reward-hacking detectors ([`hack_detectors`][tandem_grpo.evaluation.hacks.hack_detectors])."""
@@ -197,7 +186,6 @@ def _evaluate(config: EvaluationConfig) -> dict:
             handle.write(json.dumps(r) + "\n")
     run.timing["total"] = time.perf_counter() - started
     results["timing_seconds"] = run.timing
-    results["outputs"] = {}
     write_report(results, out_dir, html_samples)
     logger.info("Wrote %s", out_dir / RESULTS_FILE)
     return results
@@ -255,18 +243,18 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         except (OSError, ValueError) as err:
             raise EvaluationError(f"Cannot load model {m.path!r} from {m.resolved}: {err}") from err
         m.model.eval().requires_grad_(False)
-        if config.backend == "transformers":
+    if config.backend == "transformers":
+        junior = models[junior_key].model  # the word schedule co-generates each model with the run's junior
+        for key, m in models.items():
             m.backend = create_backend(
                 config.backend,
                 m.model,
-                tokenizers[m.resolved],
+                tokenizers[key],
                 batch_size=config.batch_size,
                 show_progress=config.show_progress,
+                junior=junior,
             )
-    if config.backend == "transformers":
-        for m in models.values():  # the word schedule co-generates each model with the run's junior
-            m.backend.junior = models[junior_key].model
-    if config.backend == "vllm":
+    else:
         max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
         try:
             engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,
@@ -326,7 +314,7 @@ def _measure_solo(run: _Run) -> dict:
             "device": str(run.device),
             "torch_threads": torch.get_num_threads(),
             "num_problems": len(run.prompts),
-            "num_problems_by_benchmark": {b: run.benchmarks.count(b) for b in run.benchmark_names()},
+            "num_problems_by_benchmark": {b: run.benchmarks.count(b) for b in dict.fromkeys(run.benchmarks)},
             "chat_template_from": config.checkpoints[0],
             "versions": _versions(),
             "started_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -20,7 +20,7 @@ import torch
 
 from ..handoff import JUNIOR, SENIOR, HandoffRule
 from ..sampling import SamplingSettings
-from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length
+from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length, strip_eos
 from .stats import bootstrap_mean, by_problem
 from .steps import handover_region
 
@@ -76,25 +76,17 @@ def word_handoff_schedule(
     desc: str = "tandem",
 ) -> ScheduleOutput:
     """Schedule (a): one [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call of the senior's
-    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row,
-    at most ``max_new_tokens``; the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``. Returns its
-    [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
+    ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row.
+    Returns its [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
-    return ScheduleOutput(
-        name=word_schedule_name(rule),
-        completion_ids=rollout.completion_ids,
-        authorship=rollout.authorship,
-        settings=_word_settings(rule) | {"backend": backend.name},
-    )
-
-
-def _word_settings(rule: HandoffRule) -> dict:
-    return {
+    settings = {
         "kind": "word_handoff",
         "granularity": rule.granularity,
         "junior_probability": rule.junior_probability,
         "max_gap_tokens": rule.max_gap_tokens,
+        "backend": backend.name,
     }
+    return ScheduleOutput(word_schedule_name(rule), rollout.completion_ids, rollout.authorship, settings=settings)
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:
@@ -107,15 +99,17 @@ def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) ->
     when one token spans the whole region, the first boundary at or after ``end``, so step ``s`` is never split.
     """
 
-    def boundary(n: int) -> int:
-        return len(tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False))
+    def decode(n: int) -> str:
+        return tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
 
-    full = tokenizer.decode(list(ids), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+    def boundary(n: int) -> int:
+        return len(decode(n))
+
+    full = decode(len(ids))
 
     def clean(n: int) -> bool:
         # A prefix that ends inside a multi-byte character decodes to U+FFFD, which is no real boundary.
-        text = tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
-        return full.startswith(text)
+        return full.startswith(decode(n))
 
     # Decoded length grows with n (up to a transient U+FFFD mid-character): bisect for the last n <= end.
     lo, hi = 0, len(ids)
@@ -168,11 +162,8 @@ def step_schedule(
         num_steps: ``s >= 1``.
         first: ``"senior"`` or ``"junior"`` (who wrote ``first_completions``).
         continuation: backend of the other model.
-        tokenizer: the shared tokenizer.
-        sampling: sampling settings for the continuation.
         max_new_tokens: the length cap of the whole completion.
         seed: continuation seed (derived per schedule).
-        desc: progress-bar label.
 
     Returns:
         [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] named by
@@ -189,12 +180,9 @@ def step_schedule(
     if len(prompts) != len(first_completions):
         raise ValueError(f"{len(prompts)} prompts but {len(first_completions)} first completions.")
     first_author, second_author = (SENIOR, JUNIOR) if first == "senior" else (JUNIOR, SENIOR)
-    eos = set(continuation.eos_token_ids)
     prefixes: list[list[int] | None] = []
     for ids in first_completions:
-        body = list(ids)
-        while body and body[-1] in eos:
-            body.pop()
+        body = strip_eos(ids, set(continuation.eos_token_ids))
         text = tokenizer.decode(body, skip_special_tokens=False, clean_up_tokenization_spaces=False)
         region = handover_region(text, num_steps)
         prefixes.append(None if region is None else body[: handover_token_index(body, tokenizer, *region)])
@@ -253,30 +241,20 @@ def alternating_schedule(
     seed: int = 0,
     desc: str | None = None,
 ) -> ScheduleOutput:
-    """Schedule (c), the paper's handoff protocol: senior first, then one reasoning step each, in turn.
+    """Schedule (c), the paper's handoff protocol (the authors' ``eval/handoff.py``, CSSLab/Tandem-RLVR): senior
+    first, then one reasoning step each, in turn.
 
-    Follows the authors' ``eval/handoff.py`` (CSSLab/Tandem-RLVR): each turn samples from the prompt plus everything
-    written so far until a stop string (kept in the completion; a blank line by default), the length cap
-    ``max_new_tokens`` is one budget for the whole completion (each turn may use what is left), and a row ends when
-    the budget is spent or a turn ends without the stop string (EOS: the model has answered). Otherwise the turn
-    passes to the other model. Rounds of one senior turn and one junior turn repeat up to ``max_rounds``; rows still
-    open then are counted in ``settings["unfinished_rows"]``.
-
-    Two departures from the authors, both deliberate: they pass text between two engines and re-tokenize it every
-    turn, while here the tokens written so far are passed on as they are, so authorship is exact per token; and a
-    turn that ends with any EOS id ends the row, while their loop passes the turn on when vLLM reports a stop token
-    other than the primary EOS as the stop reason (e.g. Qwen's ``<|endoftext|>``).
+    Each turn samples from the prompt plus everything written so far until a ``stop`` string (kept), within what is
+    left of the one ``max_new_tokens`` budget; a row ends when the budget is spent or a turn ends without the stop
+    string (EOS: the model has answered). Rows still open after ``max_rounds`` rounds (one senior and one junior turn
+    each) are counted in ``settings["unfinished_rows"]``. Two deliberate departures from the authors: the tokens
+    written so far pass on as they are (they re-tokenize text), so authorship is exact per token; and any EOS id ends
+    the row (their loop passes the turn on when vLLM stops at another stop token, e.g. Qwen's ``<|endoftext|>``).
 
     Args:
         prompts: token-id prompts (chat template applied), one completion each (repeat rows for k samples).
-        senior: the senior's backend.
-        junior: the junior's backend.
         tokenizer: the shared tokenizer (finds stop strings).
-        sampling: sampling settings of both models.
-        max_new_tokens: the shared budget of a completion, in tokens.
-        stop: strings that end a step (default: a blank line).
-        max_rounds: round cap (default 150, the authors').
-        seed: base seed; each turn's draws use ``derive_seed(seed, "alternating", round, author)``.
+        seed: each turn's draws use ``derive_seed(seed, "alternating", round, author)``.
         desc: progress-bar label prefix.
 
     Returns:
@@ -297,12 +275,12 @@ def alternating_schedule(
     turns = [0] * n
     done = [False] * n
     for round_ in range(max_rounds):
-        moved = False
+        if all(done):
+            break
         for author, backend in ((SENIOR, senior), (JUNIOR, junior)):
             active = [i for i in range(n) if not done[i] and turn[i] == author]
             if not active:
                 continue
-            moved = True
             caps = [max_new_tokens - len(ids[i]) for i in active]
             segments = backend.generate(
                 [list(prompts[i]) + ids[i] for i in active],
@@ -322,8 +300,6 @@ def alternating_schedule(
                     done[i] = True
                 else:
                     turn[i] = 1 - author
-        if not moved:
-            break
     return ScheduleOutput(
         name=ALTERNATING,
         completion_ids=ids,

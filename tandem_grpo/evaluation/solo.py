@@ -4,17 +4,16 @@ their macro average, and the pass@k curve with coverage.
 Estimator: the unbiased pass@k ([`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k]) averaged over problems;
 interval: percentile bootstrap over problems ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean],
 stratified by benchmark for the macro average). Handoff schedules are scored with the same functions. The curve and
-coverage go beyond the paper, after Su et al. (arXiv 2608.00220): RLVR can raise pass@1 while shrinking the set of
-problems solved at all.
+coverage go beyond the paper, after Su et al. (arXiv 2608.00220; docs/evaluation.md says why).
 
-Every function takes ``confidence`` (interval level in (0, 1), default 0.95) and ``seed`` (resampling seed, default 0).
+Every function takes ``confidence`` and ``seed``, [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]'s.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .stats import bootstrap_mean, macro_bootstrap_mean, per_problem_pass_at_k
+from .stats import bootstrap_mean, group_by_benchmark, macro_bootstrap_mean, per_problem_pass_at_k
 
 DEFAULT_CURVE_MAX_K = 32
 """Largest k of the pass@k curve ([`pass_at_k_curve`][tandem_grpo.evaluation.solo.pass_at_k_curve])."""
@@ -83,11 +82,7 @@ def capability_by_benchmark(
     Raises:
         ValueError: ``benchmarks`` not aligned with ``correct``, no problems, or a ``k`` over a sample count.
     """
-    if len(benchmarks) != len(correct):
-        raise ValueError(f"{len(benchmarks)} benchmark names for {len(correct)} problems.")
-    grouped: dict[str, list[Sequence[bool]]] = {}
-    for name, row in zip(benchmarks, correct, strict=True):
-        grouped.setdefault(name, []).append(row)
+    grouped = group_by_benchmark(correct, benchmarks)
     by_benchmark = {name: capability(rows, ks, seed=seed, confidence=confidence) for name, rows in grouped.items()}
     macro: dict = {}
     for k in ks:

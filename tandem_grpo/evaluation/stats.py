@@ -71,18 +71,25 @@ def by_problem(values: Sequence, k: int) -> list[list]:
     return [list(values[i : i + k]) for i in range(0, len(values), k)]
 
 
+def group_by_benchmark(rows: Sequence, benchmarks: Sequence[str], caller: str = "") -> dict[str, list]:
+    """Per-problem ``rows`` grouped by each problem's benchmark name, benchmarks in order of first appearance.
+
+    Raises:
+        ValueError: ``benchmarks`` not aligned with ``rows`` (the message starts with ``caller``).
+    """
+    if len(benchmarks) != len(rows):
+        raise ValueError(f"{caller}{len(benchmarks)} benchmark names for {len(rows)} problems.")
+    grouped: dict[str, list] = {}
+    for name, row in zip(benchmarks, rows, strict=True):
+        grouped.setdefault(name, []).append(row)
+    return grouped
+
+
 @dataclass(frozen=True)
 class Estimate:
-    """A mean over problems with its confidence interval.
-
-    Attributes:
-        value: the mean over problems.
-        low: the interval's lower bound.
-        high: the interval's upper bound.
-        confidence: the interval's level, e.g. 0.95.
-        method: how the interval was computed.
-        num_problems: problems averaged.
-    """
+    """A mean over ``num_problems`` problems, ``value``, with its interval ``[low, high]`` at level ``confidence``
+    (e.g. 0.95), computed as ``method`` says; [`to_dict`][tandem_grpo.evaluation.stats.Estimate.to_dict] gives the
+    interval dict."""
 
     value: float
     low: float
@@ -92,6 +99,7 @@ class Estimate:
     num_problems: int
 
     def to_dict(self) -> dict:
+        """The interval dict of ``results.json`` (module docstring)."""
         return {
             "value": self.value,
             "ci_low": self.low,
@@ -102,7 +110,8 @@ class Estimate:
         }
 
 
-def _check_confidence(confidence: float) -> None:
+def check_confidence(confidence: float) -> None:
+    """Raise ``ValueError`` unless the interval level ``confidence`` is in (0, 1)."""
     if not 0.0 < confidence < 1.0:
         raise ValueError(f"confidence={confidence!r} must be in (0, 1).")
 
@@ -113,7 +122,7 @@ def _percentile_bootstrap(
     """``(value, low, high)``: the plain mean over groups of each group's mean, and the ``(1 -+ confidence) / 2``
     quantiles of the same statistic over resamples that draw each group's values from that group alone, group by
     group from one ``torch.Generator`` seeded by ``seed``."""
-    _check_confidence(confidence)
+    check_confidence(confidence)
     generator = torch.Generator().manual_seed(seed)
     values, replicates = [], torch.zeros(num_resamples, dtype=torch.float64)
     for group in groups.values():
@@ -136,12 +145,9 @@ def bootstrap_mean(
 
     Args:
         values: one number per problem.
-        confidence: in (0, 1) (default 0.95).
-        num_resamples: resamples ``B`` (default 2000).
-        seed: resampling seed ``S`` (default 0).
 
     Returns:
-        [`Estimate`][tandem_grpo.evaluation.stats.Estimate], ``method`` naming ``B`` and ``S``.
+        [`Estimate`][tandem_grpo.evaluation.stats.Estimate], ``method`` naming ``num_resamples`` and ``seed``.
 
     Raises:
         ValueError: ``values`` empty or ``confidence`` outside (0, 1).
@@ -162,13 +168,10 @@ def macro_bootstrap_mean(
     Source of the average: CSSLab/Tandem-RLVR ``eval/common.py`` ``metrics_by_set`` (``"macro"``), so every benchmark
     weighs the same whatever its size. Each resample draws every benchmark's problems from that benchmark alone, in
     insertion order: with one benchmark, value, draws and interval equal
-    [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]'s.
+    [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]'s (whose other arguments these are).
 
     Args:
         groups: benchmark name to its per-problem values, each non-empty.
-        confidence: in (0, 1) (default 0.95).
-        num_resamples: resamples (default 2000).
-        seed: resampling seed (default 0).
 
     Returns:
         [`Estimate`][tandem_grpo.evaluation.stats.Estimate]; ``num_problems`` is the total over benchmarks.
@@ -215,11 +218,4 @@ def normal_interval(values: torch.Tensor, confidence: float, method: str, num_pr
         low, high = point - half, point + half
     else:
         low = high = float("nan")
-    return {
-        "value": point,
-        "ci_low": low,
-        "ci_high": high,
-        "confidence": confidence,
-        "ci_method": method,
-        "num_problems": num_problems,
-    }
+    return Estimate(point, low, high, confidence, method, num_problems).to_dict()

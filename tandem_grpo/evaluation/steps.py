@@ -1,7 +1,8 @@
 """Reasoning steps of a solution text, for the step-handoff schedules (paper section 5, handoff robustness).
 
-A step is a block of text separated from the next by a blank line. Solutions without any blank line (GSM8K's
-reference solutions, most short model outputs) fall back to one step per non-empty line.
+A step is a block of text separated from the next by a blank line (a newline, optional horizontal whitespace, another
+newline). Solutions without any blank line (GSM8K's reference solutions, most short model outputs) fall back to one
+step per non-empty line.
 """
 
 from __future__ import annotations
@@ -13,18 +14,9 @@ _STEP_SEPARATOR = re.compile(r"(?:\n[ \t\r\f\v]*){2,}")
 
 
 def step_spans(text: str) -> list[tuple[int, int]]:
-    """Character spans ``(start, end)`` of the reasoning steps of ``text``, in order.
-
-    Steps are split at blank lines (a newline, optional horizontal whitespace, another newline); when ``text``
-    has no blank line, at single newlines. Each span is stripped of surrounding whitespace, and whitespace-only
-    pieces are not steps, so ``text[start:end]`` is never empty and the text between two spans is only
-    whitespace (the separator). ``text == ""`` or whitespace only gives ``[]``.
-
-    Args:
-        text: a decoded completion or reference solution.
-
-    Returns:
-        ``[(start, end), ...]`` with ``0 <= start < end <= len(text)``, increasing.
+    """Character spans ``(start, end)`` of the reasoning steps of ``text`` (module docstring), increasing, with
+    ``0 <= start < end <= len(text)``. Each span is stripped of surrounding whitespace and whitespace-only pieces are
+    not steps, so the text between two spans is only the separator; empty or whitespace-only ``text`` gives ``[]``.
     """
     separator = _STEP_SEPARATOR if _BLANK_LINE.search(text) else re.compile(r"\n")
     spans = []

@@ -1,8 +1,7 @@
-"""The ``--backend vllm`` generation of an evaluation run: one in-process tandem vLLM engine
-([`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine], built by
-[`build_llm`][tandem_grpo.vllm.engine.build_llm]) whose frozen junior is the run's junior and whose senior slot holds
-one model at a time, and the [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] of each model. Nothing
-here imports vLLM until an engine is built."""
+"""The ``--backend vllm`` generation of an evaluation run: one in-process
+[`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine] and the
+[`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] of each model. Nothing here imports vLLM until an
+engine is built."""
 
 from __future__ import annotations
 
@@ -14,7 +13,7 @@ import torch
 from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
-from .backends import GenerationBackend, cut_at_eos, cut_at_stop
+from .backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 """Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
@@ -22,7 +21,9 @@ GPU); on a CPU the cache size comes from [`build_llm`][tandem_grpo.vllm.engine.b
 
 
 class TandemEngine:
-    """One in-process tandem vLLM engine for an evaluation run: a frozen junior and a senior slot.
+    """One in-process tandem vLLM engine for an evaluation run (built by
+    [`build_llm`][tandem_grpo.vllm.engine.build_llm]): the run's junior, frozen, and a senior slot for one model at a
+    time.
 
     [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior] swaps another checkpoint of the same
     architecture into the senior slot (``reload_senior``, then a prefix-cache reset), as a training weight sync does;
@@ -34,9 +35,8 @@ class TandemEngine:
         dtype: ``"float32"``, ``"bfloat16"`` or ``"float16"``.
         max_model_len: longest prompt plus completion, in tokens.
         seed: the engine's seed (vLLM on a CPU takes no per-request seed, so draws are not reproducible).
-        concurrent: completions asked for at once; on a CPU the KV cache holds ``min(concurrent, max_num_seqs)`` of
-            ``max_model_len`` tokens (no preemption), within ``CPU_KV_CACHE_SHARE`` of the machine's memory and at
-            least ``CPU_KV_CACHE_BYTES``.
+        concurrent: completions asked for at once; on a CPU the KV cache holds ``min(concurrent, MAX_NUM_SEQS)`` of
+            them (no preemption), at least ``CPU_KV_CACHE_BYTES`` and at most ``CPU_KV_CACHE_SHARE`` of memory.
 
     Raises:
         ImportError: vLLM is missing or too old.
@@ -88,7 +88,6 @@ class TandemEngine:
         """Tandem completions of the current senior and the junior, one request per prompt.
 
         Args:
-            prompts: token-id prompts.
             sampling: the sampling settings (the mixture is truncated as in training).
             rule: the [`HandoffRule`][tandem_grpo.handoff.HandoffRule] (junior probability 0: the senior alone;
                 1: the junior alone).
@@ -171,7 +170,6 @@ class VLLMBackend(GenerationBackend):
     (vLLM's CPU sampler takes no per-request seed); the coin seeds are ``derive_seed(seed, "coin", row)``.
 
     Args:
-        engine: the run's engine.
         path: the model's folder (what [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior]
             loads).
         is_junior: whether this model is the engine's junior.
@@ -201,9 +199,18 @@ class VLLMBackend(GenerationBackend):
         desc: str = "generate",
         stop: Sequence[str] = (),
     ) -> list[list[int]]:
+        caps = per_prompt_caps(prompts, max_new_tokens)
+        if not prompts:
+            return []
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
         rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        return self._sample(prompts, sampling, rule, max_new_tokens, seed, load=not self.is_junior, stop=stop)
+        out = self._run(prompts, sampling, rule, caps, seed, load=not self.is_junior, stop=stop)
+        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
+        if stop:
+            if self.tokenizer is None:
+                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
+            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
+        return ids
 
     def tandem(
         self,
@@ -220,25 +227,12 @@ class VLLMBackend(GenerationBackend):
         [`Rollout`][tandem_grpo.rollout.Rollout] (``desc`` is unused: the engine draws no bar)."""
         if not prompts:
             return Rollout([], [], [], [], [])
-        self.engine.load_senior(self.path)
-        seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        return self.engine.generate(prompts, sampling, rule, max_new_tokens=[max_new_tokens] * len(prompts),
-                                    seeds=seeds)  # fmt: skip
+        return self._run(prompts, sampling, rule, [max_new_tokens] * len(prompts), seed, load=True)
 
-    def _sample(self, prompts, sampling, rule, max_new_tokens, seed, *, load: bool, stop: Sequence[str] = ()):
-        """One model's completions (``rule`` with junior probability 0 or 1), cut at EOS and at ``stop``."""
-        caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
-        if len(caps) != len(prompts):
-            raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
-        if not prompts:
-            return []
+    def _run(self, prompts, sampling, rule, caps, seed, *, load: bool, stop: Sequence[str] = ()) -> Rollout:
+        """The engine's [`Rollout`][tandem_grpo.rollout.Rollout] of ``prompts`` under ``rule``, this model loaded
+        into the senior slot first when ``load``."""
         if load:
             self.engine.load_senior(self.path)
         seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        out = self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
-        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
-        if stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
-            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
-        return ids
+        return self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
