@@ -614,3 +614,16 @@ def test_the_report_refuses_a_piece_evaluated_otherwise(study, tmp_path):
     path.write_text(json.dumps(results))
     with pytest.raises(ValueError, match="seed-1/tandem: evaluation setting 'max_new_tokens'"):
         study.build_report(copy)
+
+
+def test_the_report_says_whether_an_arm_learnt_got_worse_or_did_not_change():
+    def entry(low, high):
+        return {"base_pass@1": 0.129, "arm_pass@1": 0.1, "learnt": low > 0,
+                "difference": {"value": (low + high) / 2, "ci_low": low, "ci_high": high}}  # fmt: skip
+
+    lines = study_report.learnt_lines({"learnt": {1: {"grpo": entry(-0.10, -0.03), "tandem": entry(-0.02, 0.04)},
+                                                  2: {"grpo": entry(0.01, 0.05)}}})  # fmt: skip
+    assert lines[0].endswith(": worse than the base")
+    assert lines[1].endswith(": no significant change")
+    assert lines[2].startswith("seed 1: GRPO did not learn")
+    assert lines[3].endswith(": learnt") and len(lines) == 4

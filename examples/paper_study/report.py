@@ -219,6 +219,13 @@ def _report_sections(comparison: dict) -> list[tuple[str, list[dict]]]:
     return sections
 
 
+def _verdict(learnt: dict) -> str:
+    """ "learnt" (interval above 0), "worse than the base" (interval below 0) or "no significant change"."""
+    if learnt["learnt"]:
+        return "learnt"
+    return "worse than the base" if learnt["difference"]["ci_high"] < 0 else "no significant change"
+
+
 def learnt_lines(comparison: dict) -> list[str]:
     """The report's first section: each arm's held-out pass@1 against the base's, whether it learnt, and what a
     GRPO arm that did not learn means for the rest (nothing can be read from the comparison)."""
@@ -228,9 +235,9 @@ def learnt_lines(comparison: dict) -> list[str]:
             d = v["difference"]
             lines.append(f"seed {seed}, {LABELS[arm]}: pass@1 {v['base_pass@1']:.3f} (base) -> {v['arm_pass@1']:.3f}, "
                          f"difference {d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]: "
-                         f"{'learnt' if v['learnt'] else 'no significant change'}")  # fmt: skip
+                         f"{_verdict(v)}")  # fmt: skip
         if "grpo" in arms and not arms["grpo"]["learnt"]:
-            lines.append(f"seed {seed}: GRPO did not learn measurably, so the arms' comparison of this seed measures "
+            lines.append(f"seed {seed}: GRPO did not learn, so the arms' comparison of this seed measures "
                          "nothing (the study's rule: check that GRPO learnt first).")  # fmt: skip
     return lines
 
