@@ -9,9 +9,11 @@ import math
 import pytest
 import torch
 from test_evaluation_metrics import tiny_llama
+from tiny_architectures import CAUSAL_LMS
 
 from tandem_grpo.evaluation.junior_legibility import (
     benchmark_means,
+    can_share_prompt,
     cot_mean,
     legibility,
     macro_average,
@@ -232,3 +234,18 @@ def test_macro_mean_has_the_headline_value_an_interval_that_covers_and_a_null_ab
     assert empty["mean"]["value"] == pytest.approx(2.0) and empty["benchmarks"] == ["a", "b"]
     with pytest.raises(ValueError, match="1 benchmark names for 2 problems"):
         macro_mean([[1.0], [2.0]], ["a"])
+
+
+@pytest.mark.parametrize("family", sorted(CAUSAL_LMS))
+def test_shared_prompt_scoring_matches_per_prefix_scoring_on_every_architecture(family):
+    """Sliding-window, MoE and hybrid (Mamba) caches: a cache that repeats along the batch gets one prompt pass, a
+    hybrid one the padded batch; the numbers are each prefix's own forward pass either way."""
+    model = CAUSAL_LMS[family](0)
+    prompts = [[5, 9, 13, 4, 6]] * 3 + [[7, 11]] * 2
+    completions = [[8, 9, 10, 12, 14, 1], [10, 11], [12], [3, 4, 5, 6, 7, 8, 9], [15, 16, 1]]
+    out = legibility(None, model, prompts, completions, pad_token_id=0, batch_size=4, eos_token_ids=EOS)
+    assert can_share_prompt(model) == (family != "nemotron_h")
+    for i, (p, c) in enumerate(zip(prompts, completions, strict=True)):
+        nll, _ = _per_token(model, model, p, c)
+        n = len(c) - (1 if c[-1] in EOS else 0)
+        assert out["per_completion"]["junior_cross_entropy"][i] == pytest.approx(_mean(nll[:n]), rel=1e-4), i

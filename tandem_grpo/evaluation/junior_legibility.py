@@ -110,7 +110,10 @@ def shared_prompt_logits(
     p_len = len(prompt)
     call = ModelCall.of(model)
     cache = call.new_cache()
-    flags = {name: value for name, value in call.flags.items() if name not in ("logits_to_keep", "num_logits_to_keep")}
+    # The prompt pass needs its last logit only (call.flags keep one); the completion pass needs them all.
+    all_logits = {
+        name: value for name, value in call.flags.items() if name not in ("logits_to_keep", "num_logits_to_keep")
+    }
     out = model(
         input_ids=torch.tensor([list(prompt)], device=device),
         position_ids=torch.arange(p_len, device=device).unsqueeze(0),
@@ -120,6 +123,8 @@ def shared_prompt_logits(
     first = out.logits[:, -1:, :].float().expand(rows, 1, -1)
     if t_len == 1:
         return first
+    # As generate: continue from the cache the model returned.
+    cache = next((getattr(out, n) for n in ("cache", "past_key_values") if getattr(out, n, None) is not None), cache)
     cache.batch_repeat_interleave(rows)
     attention_mask = torch.cat([torch.ones(rows, p_len, dtype=torch.long), completion_mask.long()], dim=1)
     rest = model(
@@ -127,17 +132,25 @@ def shared_prompt_logits(
         attention_mask=attention_mask[:, :-1].to(device),
         position_ids=torch.arange(p_len, p_len + t_len - 1, device=device).expand(rows, -1),
         **{call.cache_name: cache},
-        **flags,
+        **all_logits,
     )
     return torch.cat([first, rest.logits.float()], dim=1)
 
 
 def can_share_prompt(model) -> bool:
     """Whether [`shared_prompt_logits`][tandem_grpo.evaluation.junior_legibility.shared_prompt_logits] can score
-    ``model``: a transformers model whose ``generate`` builds a ``DynamicCache`` under the ``past_key_values`` or
-    ``cache`` keyword (not a Mamba-style ``cache_params``)."""
+    ``model``: a transformers model that takes ``attention_mask`` and ``position_ids`` and whose ``generate`` builds
+    a ``DynamicCache`` of plain or sliding-window attention layers, which repeat along the batch; hybrid layers with
+    recurrent state (linear attention, SSMs) and Mamba-style ``cache_params`` do not."""
+    from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer
+
     call = ModelCall.of(model)
-    return call.cache_config is not None and call.default_cache and call.cache_name != "cache_params"
+    if call.cache_config is None or not call.default_cache or call.cache_name == "cache_params":
+        return False
+    if not (call.attention_mask and call.position_ids):
+        return False
+    layers = getattr(call.new_cache(), "layers", None)
+    return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
 def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_ids, completion_mask) -> torch.Tensor:

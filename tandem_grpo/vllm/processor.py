@@ -62,10 +62,13 @@ from .request_args import is_tandem_request, sampling_from_params, validate_tand
 from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, record_for
 
 # Old import paths, for one version.
+_REQUEST_ARGS = ("tandem_extra_args", "rule_from_extra_args", "SEED_KEY", "UID_KEY", "GRANULARITY_KEY",
+                 "PROBABILITY_KEY", "MAX_GAP_KEY", "MODE_KEY", "TOP_K_KEY", "TOP_P_KEY", "MIN_P_KEY")  # fmt: skip
 __getattr__ = moved_names(
     __name__,
-    {"tandem_extra_args": "tandem_grpo.vllm.request_args", "pop_records": "tandem_grpo.vllm.side_records"},
-)
+    {**dict.fromkeys(_REQUEST_ARGS, "tandem_grpo.vllm.request_args"),
+     **dict.fromkeys(("pop_records", "MAX_RECORDS"), "tandem_grpo.vllm.side_records")},
+)  # fmt: skip
 
 
 @dataclass(eq=False)
