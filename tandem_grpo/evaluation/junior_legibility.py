@@ -153,10 +153,13 @@ def can_share_prompt(model) -> bool:
     return bool(layers) and all(type(layer) in (DynamicLayer, DynamicSlidingWindowLayer) for layer in layers)
 
 
-def _batch_logits(model, shared_prompt, input_ids, attention_mask, completion_ids, completion_mask) -> torch.Tensor:
-    """One batch's completion logits: one prompt pass for rows of one prompt (``shared_prompt``), else the padded
+def _batch_logits(
+    model, can_share: bool, shared_prompt, input_ids, attention_mask, completion_ids, completion_mask
+) -> torch.Tensor:
+    """One batch's completion logits: one prompt pass for rows of one prompt (``shared_prompt``) where the model
+    ``can_share`` ([`can_share_prompt`][tandem_grpo.evaluation.junior_legibility.can_share_prompt]), else the padded
     batch."""
-    if shared_prompt is not None and can_share_prompt(model):
+    if shared_prompt is not None and can_share:
         return shared_prompt_logits(model, shared_prompt, completion_ids, completion_mask)
     return completion_logits(model, input_ids, attention_mask, completion_ids.shape[1])
 
@@ -223,16 +226,19 @@ def legibility(
     cot_ce: list[float | None] = []
     cot_overlap: list[float | None] = []
     cot_tokens: list[int] = []
+    # Read once per model, not per batch (it inspects the forward's signature and builds a cache).
+    junior_shares = can_share_prompt(junior)
+    senior_shares = with_overlap and senior is not junior and can_share_prompt(senior)
     for start, stop, shared in _batches(prompts, batch_size):
         batch_c = completions[start:stop]
         input_ids, attn, comp, comp_mask = pad_batch(prompts[start:stop], batch_c, pad_token_id)
         batch = (shared, input_ids, attn, comp, comp_mask)
-        junior_logits = _batch_logits(junior, *batch)
+        junior_logits = _batch_logits(junior, junior_shares, *batch)
         nll = token_cross_entropy(junior_logits, comp).cpu()
         overlap = None
         if with_overlap:
             # The same module in both roles gives identical distributions: skip the second forward pass.
-            senior_logits = junior_logits if senior is junior else _batch_logits(senior, *batch)
+            senior_logits = junior_logits if senior is junior else _batch_logits(senior, senior_shares, *batch)
             if senior_logits.shape[-1] != junior_logits.shape[-1]:
                 raise ValueError(
                     f"senior and junior logits differ in width ({senior_logits.shape[-1]} vs "
