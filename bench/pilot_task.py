@@ -165,7 +165,7 @@ def main() -> None:
 
     from transformers import AutoTokenizer
 
-    from tandem_grpo.evaluation.vllm_backend import VLLMBackend, shared_engine
+    from tandem_grpo.vllm.evaluation import VLLMBackend, shared_engine
 
     path = resolve_model_path(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path)

@@ -37,7 +37,9 @@ class TandemGRPOConfig(GRPOConfig):
 
     Raises:
         ValueError: a field outside its range, naming it; or ``num_generations`` does not divide the completions
-            generated together, naming the batch fields and the ``num_generations`` values that fit.
+            generated together, naming the batch fields and the ``num_generations`` values that fit; or vLLM
+            rollouts with ``top_p`` < 1, ``top_k`` > 0 or ``min_p`` > 0 under TRL's importance-sampling correction,
+            whose ratios that truncation biases below 1 (huggingface/trl#6789).
     """
 
     handoff_mode: str = field(
@@ -110,6 +112,18 @@ class TandemGRPOConfig(GRPOConfig):
             raise ValueError(f"max_completion_length={self.max_completion_length!r} must be >= 1 (tokens).")
         if self.junior_model_name_or_path is not None and not str(self.junior_model_name_or_path).strip():
             raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")
+        truncation = _truncation(self)
+        if self.use_vllm and self.vllm_importance_sampling_correction and truncation:
+            # vLLM's processed log-probs are of the truncated distribution, TRL's recomputed ones of the full one, so
+            # every token's ratio is the kept mass S < 1 and a sequence's is their product (huggingface/trl#6789).
+            raise ValueError(
+                f"use_vllm=True with {truncation} and vllm_importance_sampling_correction=True scales the loss down "
+                "to almost nothing: vLLM reports log-probs of the truncated distribution and the trainer recomputes "
+                "them over the whole vocabulary, so every importance ratio is below 1 and a sequence's ratio is their "
+                f"product (mode {self.vllm_importance_sampling_mode!r}; huggingface/trl#6789). Set "
+                "vllm_importance_sampling_correction=False to keep the truncated sampling, or sample with top_p=1.0, "
+                "top_k=0 and min_p=None."
+            )
         if self.bf16 is None and not self.fp16:
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         explicit_generation_batch = self.generation_batch_size is not None
@@ -167,3 +181,11 @@ class TandemGRPOConfig(GRPOConfig):
     def handoff_rule(self) -> HandoffRule:
         """The rule these fields describe, for [`tandem_generate`][tandem_grpo.generation.tandem_generate]."""
         return HandoffRule.from_config(self)
+
+
+def _truncation(config: GRPOConfig) -> str:
+    """The rollout sampling's truncation settings that are on, e.g. ``"top_p=0.8, top_k=20"`` ("" when none)."""
+    on = [("top_p", config.top_p, config.top_p is not None and config.top_p < 1.0),
+          ("top_k", config.top_k, bool(config.top_k) and config.top_k > 0),
+          ("min_p", config.min_p, bool(config.min_p) and config.min_p > 0)]  # fmt: skip
+    return ", ".join(f"{name}={value}" for name, value, active in on if active)

@@ -158,6 +158,12 @@ CATALOGUE: list[Entry] = [
           ValueError, r"max_gap_tokens.*0", _config(max_gap_tokens=0)),
     Entry("TandemGRPOConfig", "`max_completion_length=0`", "`ValueError`: must be >= 1 (GRPOConfig accepts it)",
           ValueError, r"max_completion_length=0 must be >= 1", _config(max_completion_length=0)),
+    Entry("TandemGRPOConfig", "`use_vllm=True` with `top_k=20` (or `top_p` < 1, `min_p` > 0) and TRL's default "
+          "`vllm_importance_sampling_correction=True`",
+          "`ValueError`: the truncation biases every importance ratio below 1 (huggingface/trl#6789); turn the "
+          "correction off or sample untruncated (GRPOConfig accepts it and trains on a loss scaled almost to zero)",
+          ValueError, r"top_k=20 and vllm_importance_sampling_correction=True.*vllm_importance_sampling_correction="
+          r"False", _config(use_vllm=True, top_k=20)),
     Entry("TandemGRPOConfig", "`kl_to_junior=True` with `beta=0`", "`ValueError`: the ablation needs `beta > 0`",
           ValueError, r"kl_to_junior.*beta", _config(kl_to_junior=True, beta=0.0)),
     Entry("TandemGRPOConfig", "`num_generations=3` with the default batch (8 completions per step)",

@@ -121,7 +121,7 @@ def test_pyproject_pins_the_tested_trl_range():
         ("tandem_grpo.evaluation.metrics", "Estimate", "tandem_grpo.evaluation.stats", "Estimate"),
         ("tandem_grpo.evaluation.legibility_intervals", "cot_mean", "tandem_grpo.evaluation.junior_legibility",
          "cot_mean"),
-        ("tandem_grpo.evaluation.backends", "VLLMBackend", "tandem_grpo.evaluation.vllm_backend", "VLLMBackend"),
+        ("tandem_grpo.evaluation.backends", "VLLMBackend", "tandem_grpo.vllm.evaluation", "VLLMBackend"),
         ("tandem_grpo.vllm.rollout", "use_tandem_vllm", "tandem_grpo.vllm.trl_generation", "use_tandem_vllm"),
         ("tandem_grpo.vllm.rollout", "generate_tandem", "tandem_grpo.vllm.trl_generation", "tandem_generate_vllm"),
         ("tandem_grpo.vllm.processor", "tandem_extra_args", "tandem_grpo.vllm.request_args", "tandem_extra_args"),

@@ -24,9 +24,9 @@ from tandem_grpo.evaluation.schedules import (  # noqa: E402
     step_schedule,
     word_handoff_schedule,
 )
-from tandem_grpo.evaluation.vllm_backend import VLLMBackend, close_shared_engine, shared_engine  # noqa: E402
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings  # noqa: E402
+from tandem_grpo.vllm.evaluation import VLLMBackend, close_shared_engine, shared_engine  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration]
 
@@ -179,9 +179,19 @@ def test_solo_mode_runs_the_right_model_alone(engine, smollm2_path, flattened_se
     model = engine._model()
     try:
         for _ in range(2):  # senior, junior, senior, junior: every switch resets the prefix cache
-            assert assert_same_token_distributions(flat_reference, senior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH) >= 1  # noqa: E501
+            assert (
+                assert_same_token_distributions(
+                    flat_reference, senior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH
+                )
+                >= 1
+            )  # noqa: E501
             assert model.solo == "senior"
-            assert assert_same_token_distributions(base_reference, junior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH) >= 1  # noqa: E501
+            assert (
+                assert_same_token_distributions(
+                    base_reference, junior.generate(rows, sampling, max_new_tokens=LENGTH), LENGTH
+                )
+                >= 1
+            )  # noqa: E501
             assert model.solo == "junior"
         # The two references differ, so the checks above can tell the models apart.
         with pytest.raises(AssertionError):

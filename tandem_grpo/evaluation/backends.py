@@ -4,7 +4,7 @@
 
 ``"transformers"`` ([`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]): batched
 ``model.generate`` and [`tandem_generate`][tandem_grpo.generation.tandem_generate]. ``"vllm"``:
-[`vllm_backend`][tandem_grpo.evaluation.vllm_backend]. Teacher-forced scoring (legibility) runs on the transformers
+[`vllm_backend`][tandem_grpo.vllm.evaluation]. Teacher-forced scoring (legibility) runs on the transformers
 models whatever the backend.
 """
 
@@ -337,8 +337,8 @@ def check_backend_name(name: str) -> None:
 def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
     """The transformers backend for a loaded ``model`` (kwargs go to
     [`TransformersBackend`][tandem_grpo.evaluation.backends.TransformersBackend]); a
-    [`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] is built on a
-    [`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine] instead.
+    [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] is built on a
+    [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine] instead.
 
     Raises:
         ValueError: an unknown backend name (see
@@ -351,4 +351,4 @@ def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
 
 
 _VLLM_NAMES = ("TandemEngine", "VLLMBackend", "shared_engine", "close_shared_engine", "VLLM_GPU_MEMORY_UTILIZATION")
-__getattr__ = moved_names(__name__, dict.fromkeys(_VLLM_NAMES, "tandem_grpo.evaluation.vllm_backend"))
+__getattr__ = moved_names(__name__, dict.fromkeys(_VLLM_NAMES, "tandem_grpo.vllm.evaluation"))

@@ -34,7 +34,6 @@ from .report import RESULTS_FILE, attach_per_completion, authorship_views, sampl
 from .schedules import ScheduleOutput, alternating_schedule, authorship_shares, step_schedule, word_handoff_schedule
 from .solo import capability, capability_by_benchmark, pass_at_k_curve
 from .stats import by_problem
-from .vllm_backend import VLLMBackend, shared_engine
 
 __all__ = ["MEASUREMENTS", "PRESETS", "SCHEDULES", "EvaluationConfig", "EvaluationError", "evaluate"]
 
@@ -255,6 +254,8 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
                 junior=junior,
             )
     else:
+        from ..vllm.evaluation import VLLMBackend, shared_engine  # imports evaluation.backends: not at module level
+
         max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
         try:
             engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,

@@ -6,6 +6,7 @@ Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + froz
 [`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
 [`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
 [`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),
+[`evaluation`][tandem_grpo.vllm.evaluation] (the evaluation's engine, ``--backend vllm``),
 [`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here imports vLLM
 until it is used.
 """

@@ -257,7 +257,7 @@ def generate_with_llm(
 ) -> Rollout:
     """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion): the training
     rollouts of colocate mode and every vLLM measurement of the evaluation
-    ([`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine]).
+    ([`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine]).
 
     Args:
         llm: a ``vllm.LLM`` built with [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs].

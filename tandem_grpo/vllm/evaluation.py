@@ -1,6 +1,6 @@
 """The ``--backend vllm`` generation of an evaluation run: one in-process
-[`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine] and the
-[`VLLMBackend`][tandem_grpo.evaluation.vllm_backend.VLLMBackend] of each model. Nothing here imports vLLM until an
+[`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine] and the
+[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of each model. Nothing here imports vLLM until an
 engine is built."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ from collections.abc import Sequence
 
 import torch
 
+from ..evaluation.backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
 from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
-from .backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
 
 VLLM_GPU_MEMORY_UTILIZATION = 0.3
 """Share of GPU memory the evaluation's vLLM engine may take (the transformers copies, used for scoring, share the
@@ -25,9 +25,9 @@ class TandemEngine:
     [`build_llm`][tandem_grpo.vllm.engine.build_llm]): the run's junior, frozen, and a senior slot for one model at a
     time.
 
-    [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior] swaps another checkpoint of the same
+    [`load_senior`][tandem_grpo.vllm.evaluation.TandemEngine.load_senior] swaps another checkpoint of the same
     architecture into the senior slot (``reload_senior``, then a prefix-cache reset), as a training weight sync does;
-    [`shared_engine`][tandem_grpo.evaluation.vllm_backend.shared_engine] keeps one engine per process.
+    [`shared_engine`][tandem_grpo.vllm.evaluation.shared_engine] keeps one engine per process.
 
     Args:
         senior: local folder of the first senior (resolved path).
@@ -122,7 +122,7 @@ def _cpu_kv_cache(senior: str, dtype: str, max_model_len: int, concurrent: int) 
     """``build_llm`` arguments that size a CPU engine's KV cache for the batch (none on a GPU or without a batch)."""
     if torch.cuda.is_available() or concurrent < 1:
         return {}
-    from ..vllm.engine import CPU_KV_CACHE_BYTES, kv_cache_bytes
+    from .engine import CPU_KV_CACHE_BYTES, kv_cache_bytes
 
     wanted = kv_cache_bytes(senior, dtype, min(concurrent, MAX_NUM_SEQS) * max_model_len)
     limit = int(CPU_KV_CACHE_SHARE * os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -135,7 +135,7 @@ _ENGINE: TandemEngine | None = None
 def shared_engine(
     senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
 ) -> TandemEngine:
-    """The process's [`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine], built on first use and reused
+    """The process's [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine], built on first use and reused
     while the junior and dtype match and its ``max_model_len`` suffices (vLLM does not free an in-process engine
     reliably, so one is kept); ``senior`` is loaded into its senior slot."""
     global _ENGINE
@@ -150,7 +150,7 @@ def shared_engine(
 def close_shared_engine() -> None:
     """Drop the process's shared engine and free what vLLM holds in this process (its process group and memory),
     so that another in-process vLLM engine can start; the next
-    [`shared_engine`][tandem_grpo.evaluation.vllm_backend.shared_engine] call builds a new one. Uses vLLM's
+    [`shared_engine`][tandem_grpo.vllm.evaluation.shared_engine] call builds a new one. Uses vLLM's
     ``cleanup_dist_env_and_memory`` (vllm/distributed/parallel_state.py)."""
     global _ENGINE
     if _ENGINE is None:
@@ -162,7 +162,7 @@ def close_shared_engine() -> None:
 
 
 class VLLMBackend(GenerationBackend):
-    """Solo sampling of one model through a [`TandemEngine`][tandem_grpo.evaluation.vllm_backend.TandemEngine].
+    """Solo sampling of one model through a [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine].
 
     The junior (``is_junior=True``) samples as a tandem request with junior probability 1; any other model is
     loaded into the senior slot and samples with junior probability 0. Both go through the logits processor's
@@ -170,7 +170,7 @@ class VLLMBackend(GenerationBackend):
     (vLLM's CPU sampler takes no per-request seed); the coin seeds are ``derive_seed(seed, "coin", row)``.
 
     Args:
-        path: the model's folder (what [`load_senior`][tandem_grpo.evaluation.vllm_backend.TandemEngine.load_senior]
+        path: the model's folder (what [`load_senior`][tandem_grpo.vllm.evaluation.TandemEngine.load_senior]
             loads).
         is_junior: whether this model is the engine's junior.
         pad_token_id: filler id (default: the first EOS id).
