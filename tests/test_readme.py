@@ -116,8 +116,13 @@ def test_train_commands_parse(monkeypatch):
             pytest.fail(f"{page}: `examples/train_math.py {shlex.join(args)}` does not parse (exit {exc.code})")
         if not args:
             assert (training.max_steps, training.max_completion_length, training.learning_rate) == (18, 128, 2e-5)
-            # The reproduction study's task, rollout temperature and binary reward (examples/reproduce_paper.py).
-            assert script_args.task == "chain2" and training.temperature == 0.6
+            # The reproduction study's task and binary reward; rollouts at the paper's evaluation decoding.
+            assert script_args.task == "chain2" and (training.temperature, training.top_p, training.top_k) == (
+                0.7,
+                0.8,
+                20,
+            )
+            assert training.vllm_importance_sampling_correction is False, "else --use_vllm is refused (truncation)"
             assert training.reward_weights == [1.0, 0.0] and training.num_generations == 8
             assert training.seed == 0, "the seed of the README's table (TRL's default is 42)"
             assert training.per_device_train_batch_size * training.gradient_accumulation_steps == 16

@@ -371,8 +371,11 @@ def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
     _check_arms(study, plan, 1)
     assert plan.study.task == "chain2" and plan.study.instruction == "steps"
     assert plan.shared.reward_weights == [1.0, 0.0] and plan.shared.num_generations == 8
-    # The authors' rollout temperature and engine: colocated vLLM rollouts in every arm.
-    assert plan.shared.temperature == 0.6 and plan.shared.use_vllm and plan.shared.vllm_mode == "colocate"
+    # Rollouts at the evaluation's decoding (the setting GRPO learnt with), on the authors' engine: colocated vLLM in
+    # every arm, with TRL's importance-sampling correction off (it refuses truncated rollouts otherwise).
+    assert (plan.shared.temperature, plan.shared.top_p, plan.shared.top_k) == (0.7, 0.8, 20)
+    assert plan.shared.use_vllm and plan.shared.vllm_mode == "colocate"
+    assert plan.shared.vllm_importance_sampling_correction is False and plan.shared.learning_rate == 2e-5
     assert not plan.shared.gradient_checkpointing
     evaluation = plan.evaluation
     assert (evaluation.limit, evaluation.k, evaluation.max_new_tokens) == (100, 8, 256)

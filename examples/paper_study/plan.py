@@ -25,7 +25,8 @@ SHARED_FIELDS = (
     "seed", "max_steps", "learning_rate", "per_device_train_batch_size", "gradient_accumulation_steps",
     "num_generations", "max_completion_length", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
     "loss_type", "handoff_mode", "handoff_granularity", "max_gap_tokens", "junior_model_name_or_path",
-    "junior_token_loss_weight", "use_vllm", "vllm_mode", "bf16", "reward_weights",
+    "junior_token_loss_weight", "use_vllm", "vllm_mode", "vllm_importance_sampling_correction", "bf16",
+    "reward_weights",
 )  # fmt: skip
 """The config fields every arm shares (the seed: every arm of one seed)."""
 
