@@ -76,7 +76,7 @@ class ScriptArguments:
 CPU_FRIENDLY_DEFAULTS = dict(
     output_dir="outputs/tandem-smollm2-math",
     # The reproduction study's task, reward and rollout settings (examples/reproduce_paper.py, preset cpu-paper), sized
-    # to about 20 minutes on 2 CPU cores (bench/main_job_seeds.py measures whether accuracy rises within it):
+    # for a sitting on 2 CPU cores (bench/main_job_seeds.py measures whether accuracy rises within it):
     per_device_train_batch_size=8,
     gradient_accumulation_steps=2,  # 8 x 2 = 16 completions = 2 prompts x 8 generations per optimizer step
     num_generations=8,
