@@ -10,5 +10,7 @@ export PYTHONUNBUFFERED=1 PYTHONWARNINGS="${PYTHONWARNINGS:-ignore}"
 if [[ " $* " != *" --cpu-dry-run "* ]]; then
     command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 fi
-python -c "import tandem_grpo" 2>/dev/null || { echo "error: tandem_grpo is not importable: pip install -e . first" >&2; exit 2; }
+if ! err=$(python -c "import tandem_grpo" 2>&1); then
+    echo "error: tandem_grpo is not importable (${err##*$'\n'}): pip install -e . first" >&2; exit 2
+fi
 exec python bench/gpu_check.py "$@"
