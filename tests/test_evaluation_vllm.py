@@ -80,6 +80,18 @@ def test_solo_samples_match_the_transformers_backend(engine, smollm2_path, promp
     assert assert_same_token_distributions(reference, junior, LENGTH) >= 1
 
 
+def test_the_engine_draws_a_labelled_bar_unless_told_not_to(engine, smollm2_path, prompt, capsys):
+    rows, sampling = [prompt] * 2, SamplingSettings()
+    VLLMBackend(engine, smollm2_path, is_junior=True).generate(rows, sampling, max_new_tokens=2, desc="solo junior")
+    VLLMBackend(engine, smollm2_path, is_junior=False).tandem(rows, sampling, HandoffRule("word"), max_new_tokens=2)
+    drawn = capsys.readouterr().err
+    assert "solo junior: Processed prompts" in drawn and "tandem: Processed prompts" in drawn
+    quiet = VLLMBackend(engine, smollm2_path, is_junior=False, show_progress=False)
+    quiet.generate(rows, sampling, max_new_tokens=2)
+    quiet.tandem(rows, sampling, HandoffRule("word"), max_new_tokens=2)
+    assert "Processed prompts" not in capsys.readouterr().err
+
+
 def test_training_rule_and_prefix_continuation_on_the_engine(engine, smollm2_path, prompt, smollm2_tokenizer):
     senior = VLLMBackend(engine, smollm2_path, is_junior=False)
     junior = VLLMBackend(engine, smollm2_path, is_junior=True)

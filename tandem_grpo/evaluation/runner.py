@@ -265,7 +265,8 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
             raise EvaluationError(f"--backend vllm: {err}") from err
         for key, m in models.items():
             m.backend = VLLMBackend(engine, m.resolved, is_junior=key == junior_key,
-                                    pad_token_id=tokenizers[key].pad_token_id, tokenizer=tokenizers[key])  # fmt: skip
+                                    pad_token_id=tokenizers[key].pad_token_id, tokenizer=tokenizers[key],
+                                    show_progress=config.show_progress)  # fmt: skip
     timing["load_models"] = time.perf_counter() - t
     return _Run(
         config=config,

@@ -254,6 +254,7 @@ def generate_with_llm(
     max_tokens: int | Sequence[int] = 256,
     stop: Sequence[str] = (),
     generation_kwargs: Mapping[str, object] | None = None,
+    progress: str | None = None,
 ) -> Rollout:
     """Tandem completions from an in-process tandem ``vllm.LLM`` (one request per completion): the training
     rollouts of colocate mode and every vLLM measurement of the evaluation
@@ -268,6 +269,8 @@ def generate_with_llm(
         max_tokens: completion length cap, one for all or one per completion (default 256).
         stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``).
         generation_kwargs: more ``SamplingParams`` fields ([`request_fields`][tandem_grpo.vllm.engine.request_fields]).
+        progress: label of a progress bar over the finished completions (default ``None``: no bar, as in training,
+            where TRL draws its own).
 
     Returns:
         The [`Rollout`][tandem_grpo.rollout.Rollout]
@@ -294,7 +297,8 @@ def generate_with_llm(
         sampling_params(sampling, [seed], [uid], [current], max_tokens=cap, generation_kwargs=extra)[0]
         for seed, uid, current, cap in zip(seeds, uids, _rules(rule, count), caps, strict=True)
     ]
-    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=False)
+    bar = _labelled_bar(progress) if progress else False
+    outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=bar)
     completions = [list(out.outputs[0].token_ids) for out in outputs]
     logprobs = [_sampled_logprobs(out.outputs[0]) for out in outputs]
     logprobs = None if any(lp is None for lp in logprobs) else logprobs
@@ -302,6 +306,18 @@ def generate_with_llm(
     info = engine_info(llm)
     tables = boundary_tables(info["model"], info["vocab_size"], tuple(info["eos_token_ids"]))
     return Rollout.from_engine(completions, logprobs, records, seeds, rule, tables)
+
+
+def _labelled_bar(label: str):
+    """A tqdm factory for vLLM's ``use_tqdm``: vLLM's own bars (adding requests, then finished requests with its
+    token rates), each named ``"<label>: <vLLM's description>"`` and cleared when done."""
+    from tqdm.auto import tqdm
+
+    def bar(*args, **kwargs):
+        kwargs["desc"] = f"{label}: {kwargs['desc']}" if kwargs.get("desc") else label
+        return tqdm(*args, leave=False, **kwargs)
+
+    return bar
 
 
 def engine_info(llm) -> dict:

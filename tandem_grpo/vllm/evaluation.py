@@ -84,6 +84,7 @@ class TandemEngine:
         max_new_tokens: Sequence[int],
         seeds: Sequence[int],
         stop: Sequence[str] = (),
+        progress: str | None = None,
     ):
         """Tandem completions of the current senior and the junior, one request per prompt.
 
@@ -94,6 +95,7 @@ class TandemEngine:
             max_new_tokens: length cap per prompt.
             seeds: coin-stream seed per prompt.
             stop: strings that end a request, kept in its output (``include_stop_str_in_output``).
+            progress: label of the engine's progress bar (default ``None``: no bar).
 
         Returns:
             The [`Rollout`][tandem_grpo.rollout.Rollout] of
@@ -105,7 +107,9 @@ class TandemEngine:
         solo = {0.0: "senior", 1.0: "junior"}.get(float(getattr(rule, "junior_probability", 0.5)))
         if self._model().set_solo(solo):
             self.llm.reset_prefix_cache()
-        return generate_with_llm(self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop)
+        return generate_with_llm(
+            self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop, progress=progress
+        )
 
     def _model(self):
         return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
@@ -175,12 +179,20 @@ class VLLMBackend(GenerationBackend):
         is_junior: whether this model is the engine's junior.
         pad_token_id: filler id (default: the first EOS id).
         tokenizer: the model's tokenizer, needed for ``stop`` strings (default: none).
+        show_progress: draw the engine's progress bars, labelled with each call's ``desc`` (default ``True``).
     """
 
     name = "vllm"
 
     def __init__(
-        self, engine: TandemEngine, path: str, *, is_junior: bool, pad_token_id: int | None = None, tokenizer=None
+        self,
+        engine: TandemEngine,
+        path: str,
+        *,
+        is_junior: bool,
+        pad_token_id: int | None = None,
+        tokenizer=None,
+        show_progress: bool = True,
     ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
@@ -188,6 +200,7 @@ class VLLMBackend(GenerationBackend):
         self.is_junior = is_junior
         self.eos_token_ids = list(engine.eos_token_ids)
         self.pad_token_id = int(pad_token_id if pad_token_id is not None else self.eos_token_ids[0])
+        self.show_progress = show_progress
 
     def generate(
         self,
@@ -204,7 +217,7 @@ class VLLMBackend(GenerationBackend):
             return []
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
         rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        out = self._run(prompts, sampling, rule, caps, seed, load=not self.is_junior, stop=stop)
+        out = self._run(prompts, sampling, rule, caps, seed, desc, load=not self.is_junior, stop=stop)
         ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
         if stop:
             if self.tokenizer is None:
@@ -224,15 +237,18 @@ class VLLMBackend(GenerationBackend):
     ) -> Rollout:
         """Co-generate with this model in the senior slot (the junior's weights too, when it is evaluated as a
         checkpoint) and the engine's junior under ``rule``: the engine's
-        [`Rollout`][tandem_grpo.rollout.Rollout] (``desc`` is unused: the engine draws no bar)."""
+        [`Rollout`][tandem_grpo.rollout.Rollout]."""
         if not prompts:
             return Rollout([], [], [], [], [])
-        return self._run(prompts, sampling, rule, [max_new_tokens] * len(prompts), seed, load=True)
+        return self._run(prompts, sampling, rule, [max_new_tokens] * len(prompts), seed, desc, load=True)
 
-    def _run(self, prompts, sampling, rule, caps, seed, *, load: bool, stop: Sequence[str] = ()) -> Rollout:
+    def _run(self, prompts, sampling, rule, caps, seed, desc, *, load: bool, stop: Sequence[str] = ()) -> Rollout:
         """The engine's [`Rollout`][tandem_grpo.rollout.Rollout] of ``prompts`` under ``rule``, this model loaded
-        into the senior slot first when ``load``."""
+        into the senior slot first when ``load``, under a bar labelled ``desc``."""
         if load:
             self.engine.load_senior(self.path)
         seeds = [derive_seed(seed, "coin", i) for i in range(len(prompts))]
-        return self.engine.generate(prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop)
+        progress = desc if self.show_progress else None
+        return self.engine.generate(
+            prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop, progress=progress
+        )
