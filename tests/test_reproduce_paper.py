@@ -494,6 +494,9 @@ def test_tiny_study_in_pieces_then_the_report_from_committed_files(tiny_base, tm
     assert rest.stdout.count("exists, skipped") == 2, rest.stdout  # the base and GRPO pieces
     for arm in ("tandem", "kl_to_junior"):
         assert f"seed 1, {arm}" in rest.stdout and (results_dir / "seed-1" / arm / "piece.json").is_file()
+    # The report the pieces rebuilt names the command that rebuilds it, not the command that trained an arm.
+    report_line = (results_dir / "report" / "command.txt").read_text().splitlines()[0]
+    assert "--report" in report_line and "--arms" not in report_line, report_line
 
     # The report from the committed files alone: the weights are gone and no model is loaded.
     report = results_dir / "report"

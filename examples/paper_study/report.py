@@ -7,9 +7,11 @@ import html
 import json
 import os
 import re
+import shlex
+import sys
 from pathlib import Path
 
-from .pieces import command_line, learnt, versions
+from .pieces import learnt, versions
 from .plan import ARMS, LABELS, PIECE_FILE, check_same_evaluation
 from .table import DIFFERENCES, INTERVALS, comparison_rows, comparison_table, html_table, markdown_table, sources
 
@@ -110,6 +112,13 @@ def paired_differences(base: dict, arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def report_command(results_dir: Path, report_dir: Path | None = None) -> str:
+    """The command that rebuilds this report from the committed pieces, whichever command built it (a piece's run
+    rebuilds it too)."""
+    command = [sys.executable, "examples/reproduce_paper.py", "--report", "--results_dir", str(results_dir)]
+    return shlex.join(command + (["--report_dir", str(report_dir)] if report_dir else []))
+
+
 def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
     """The three-arm comparison from committed pieces only (no model is loaded): ``report/results.json``,
     ``report.md`` and ``report.html`` under ``results_dir``; with several seeds, the table pooled over them too.
@@ -159,7 +168,7 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
     results = {
         "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166)",
         "study": {
-            "command": command_line(),
+            "command": report_command(results_dir, report_dir),
             "versions": versions(),
             "preset": base.get("preset") or "unknown",
             "base": base["results"]["settings"]["base"],
@@ -186,7 +195,8 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
     commands = [f"base: {base.get('command')}"] + [
         f"seed {s} {arm}: {p.get('command')}" for s, arms in sorted(seeds.items()) for arm, p in arms.items()
     ]
-    (out / "command.txt").write_text("\n".join([f"report: {command_line()}", *commands]) + "\n")
+    report = f"report: {results['study']['command']}"
+    (out / "command.txt").write_text("\n".join([report, *commands]) + "\n")
     (out / "report.md").write_text(markdown_report(results), encoding="utf-8")
     (out / "report.html").write_text(html_report(results), encoding="utf-8")
     print(f"Report ({len(seeds)} seed(s): {', '.join(map(str, sorted(seeds)))}): {out / 'report.md'}", flush=True)

@@ -309,13 +309,14 @@ def generate_with_llm(
 
 
 def _labelled_bar(label: str):
-    """A tqdm factory for vLLM's ``use_tqdm``: vLLM's own bars (adding requests, then finished requests with its
-    token rates), each named ``"<label>: <vLLM's description>"`` and cleared when done."""
+    """A tqdm factory for vLLM's ``use_tqdm``: vLLM's own bars (rendering the prompts, then the finished requests
+    with its token rates), each named ``"<label>: <vLLM's description>"`` and cleared when done."""
     from tqdm.auto import tqdm
 
     def bar(*args, **kwargs):
         kwargs["desc"] = f"{label}: {kwargs['desc']}" if kwargs.get("desc") else label
-        return tqdm(*args, leave=False, **kwargs)
+        kwargs.setdefault("leave", False)
+        return tqdm(*args, **kwargs)
 
     return bar
 
