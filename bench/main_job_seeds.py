@@ -71,6 +71,7 @@ def plot(results: dict[int, dict], path: Path) -> None:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, axes = plt.subplots(1, len(CURVES), figsize=(4 * len(CURVES), 3))
     for ax, name in zip(axes, CURVES, strict=True):
@@ -78,6 +79,7 @@ def plot(results: dict[int, dict], path: Path) -> None:
             ax.plot(result["steps"], result[name]["curve"], marker="o", markersize=2, label=f"seed {seed}")
         ax.set_title(f"{name} reward (mean of 16 completions)", fontsize=9)
         ax.set_xlabel("optimizer step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_ylim(-0.05, 2.05 if name == "team" else 1.05)  # team = accuracy + format
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
