@@ -80,7 +80,9 @@ def plot(results: dict[int, dict], path: Path) -> None:
         ax.set_title(f"{name} reward (mean of 16 completions)", fontsize=9)
         ax.set_xlabel("optimizer step", fontsize=8)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_ylim(-0.05, 2.05 if name == "team" else 1.05)  # team = accuracy + format
+        # The team reward is the weighted sum of the rewards: 1 at most with the main job's weights (1, 0).
+        top = max([1.0, *(max(r[name]["curve"]) for r in results.values())])
+        ax.set_ylim(-0.05, top + 0.05)
         ax.grid(alpha=0.3)
         ax.legend(fontsize=7)
     fig.tight_layout()

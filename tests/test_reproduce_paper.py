@@ -8,6 +8,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -307,8 +308,13 @@ def test_the_committed_cpu_small_results_still_render():
 
 
 def test_training_summary_splits_the_kl_term_from_the_policy_loss():
-    history = [{"loss": 1.0, "kl": 2.0, "reward": 0.5}, {"loss": 3.0, "kl": 4.0, "reward": None}, {"train_runtime": 9}]
+    history = [
+        {"loss": 1.0, "kl": 2.0, "reward": 0.5, "frac_reward_zero_std": 0.5},
+        {"loss": 3.0, "kl": 4.0, "reward": None, "frac_reward_zero_std": 1.0},
+        {"train_runtime": 9},
+    ]
     summary = study_pieces.training_summary(history, beta=0.5)
+    assert summary["graded_group_share"] == pytest.approx(0.25)  # (1 - 0.5 + 1 - 1) / 2
     assert summary["logged_steps"] == 2 and summary["mean_kl_term"] == pytest.approx(1.5)
     assert summary["mean_policy_loss"] == pytest.approx(0.5) and summary["mean_reward"] == 0.5
     assert summary["mean_senior_token_fraction"] is None and summary["train_runtime_seconds"] == 9
@@ -559,7 +565,12 @@ def check_report(report: Path) -> None:
     cap = by_metric["share of solo completions cut at the token cap"]
     assert all(cap["arms"][a]["ci_low"] is not None for a in ("base", *ARMS))
     assert "## Where each row comes from" in (report / "report.md").read_text()
+    # The training table: every row as many cells as the header (a "|" in a header must not split its cell).
+    training = markdown.split("## Training (means over logged steps)")[1].split("\n## ")[0]
+    rows = [line for line in training.splitlines() if line.startswith("|")]
+    assert len(rows) == 2 + len(ARMS) and len({len(re.split(r"(?<!\\)\|", r)) for r in rows}) == 1, rows
     arms = results["study"]["arms"]
+    assert all(0 <= arms[a]["training"]["1"]["graded_group_share"] <= 1 for a in ARMS)
     assert arms["kl_to_junior"]["config"]["beta"] == 0.001  # the authors' k3 coefficient
     assert arms["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
     assert arms["grpo"]["training"]["1"]["mean_senior_token_fraction"] == 1.0

@@ -273,8 +273,10 @@ def training_summary(log_history: list[dict], beta: float) -> dict:
 
     Returns:
         ``logged_steps``, ``beta``, ``mean_loss``, ``mean_kl``, ``mean_kl_term``, ``mean_policy_loss``,
-        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction`` (None where no step logged a
-        finite value), ``train_runtime_seconds`` (seconds, or None) and ``definition`` (the formulas, as text).
+        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction``, ``graded_group_share`` (the
+        share of groups whose completions did not all get the same reward: only those carry a GRPO advantage, so
+        the others give no gradient; from TRL's ``frac_reward_zero_std``) (each None where no step logged a finite
+        value), ``train_runtime_seconds`` (seconds, or None) and ``definition`` (the formulas, as text).
     """
     steps = [h for h in log_history if "loss" in h and "train_runtime" not in h]
 
@@ -295,8 +297,10 @@ def training_summary(log_history: list[dict], beta: float) -> dict:
         "mean_abs_policy_loss": mean([abs(v) for v in policy]),
         "mean_reward": mean([h.get("reward") for h in steps]),
         "mean_senior_token_fraction": mean([h.get("tandem/senior_token_fraction") for h in steps]),
+        "graded_group_share": mean([1 - h["frac_reward_zero_std"] for h in steps if "frac_reward_zero_std" in h]),
         "train_runtime_seconds": final.get("train_runtime"),
-        "definition": "means over logged steps; kl_term = beta * kl, policy_loss = loss - beta * kl",
+        "definition": "means over logged steps; kl_term = beta * kl, policy_loss = loss - beta * kl, "
+        "graded_group_share = 1 - frac_reward_zero_std",
     }
 
 

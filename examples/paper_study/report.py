@@ -16,7 +16,8 @@ from .plan import ARMS, LABELS, PIECE_FILE, check_same_evaluation
 from .table import DIFFERENCES, INTERVALS, comparison_rows, comparison_table, html_table, markdown_table, sources
 
 TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
-                   "mean |policy loss|", "mean reward", "senior token share"]  # fmt: skip
+                   "mean |policy loss|", "mean reward", "senior token share",
+                   "groups with a gradient (rewards not all equal)"]  # fmt: skip
 """Columns of the training table (``training_rows``)."""
 
 
@@ -218,7 +219,7 @@ def training_rows(results: dict) -> list[list[str]]:
             fmt = lambda v: "—" if v is None else f"{v:.4g}"  # noqa: E731
             rows.append([LABELS[arm], seed, fmt(s["beta"]), fmt(s["mean_kl"]), fmt(s["mean_kl_term"]),
                          fmt(s["mean_policy_loss"]), fmt(s["mean_abs_policy_loss"]), fmt(s["mean_reward"]),
-                         fmt(s["mean_senior_token_fraction"])])  # fmt: skip
+                         fmt(s["mean_senior_token_fraction"]), fmt(s.get("graded_group_share"))])  # fmt: skip
     return rows
 
 
@@ -281,7 +282,8 @@ def markdown_report(results: dict) -> str:
     md += ["## Where each row comes from", "", "`<arm>` is the arm's entry in the evaluation's `checkpoints`.", ""]
     md += [f"- {metric}: `{source}`" for metric, source in sources(sections[0][1])] + [""]
     training = training_rows(results)
-    md += ["## Training (means over logged steps)", "", "| " + " | ".join(TRAINING_HEADER) + " |",
+    header = [cell.replace("|", r"\|") for cell in TRAINING_HEADER]  # "|policy loss|" must not end a cell
+    md += ["## Training (means over logged steps)", "", "| " + " | ".join(header) + " |",
            "|" + "---|" * len(TRAINING_HEADER)] + ["| " + " | ".join(r) + " |" for r in training] + [""]  # fmt: skip
     md += ["## Plots and samples", ""]
     for name, links in study.get("links", {}).items():
