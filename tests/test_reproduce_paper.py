@@ -315,6 +315,8 @@ def test_training_summary_splits_the_kl_term_from_the_policy_loss():
     ]
     summary = study_pieces.training_summary(history, beta=0.5)
     assert summary["graded_group_share"] == pytest.approx(0.25)  # (1 - 0.5 + 1 - 1) / 2
+    (row,) = study_report.training_rows({"study": {"arms": {"tandem": {"training": {"1": summary}}}}})
+    assert len(row) == len(study_report.TRAINING_HEADER) and row[-1] == "0.25" and row[-3] == "0.5"  # reward
     assert summary["logged_steps"] == 2 and summary["mean_kl_term"] == pytest.approx(1.5)
     assert summary["mean_policy_loss"] == pytest.approx(0.5) and summary["mean_reward"] == 0.5
     assert summary["mean_senior_token_fraction"] is None and summary["train_runtime_seconds"] == 9
@@ -570,7 +572,11 @@ def check_report(report: Path) -> None:
     rows = [line for line in training.splitlines() if line.startswith("|")]
     assert len(rows) == 2 + len(ARMS) and len({len(re.split(r"(?<!\\)\|", r)) for r in rows}) == 1, rows
     arms = results["study"]["arms"]
-    assert all(0 <= arms[a]["training"]["1"]["graded_group_share"] <= 1 for a in ARMS)
+    shares = {study_plan.LABELS[a]: arms[a]["training"]["1"]["graded_group_share"] for a in ARMS}
+    assert all(0 <= v <= 1 for v in shares.values())
+    assert {r.split(" | ")[0].strip("| "): r.rstrip(" |").split(" | ")[-1] for r in rows[2:]} == {
+        label: f"{v:.4g}" for label, v in shares.items()
+    }  # the last column of the training table is each arm's share
     assert arms["kl_to_junior"]["config"]["beta"] == 0.001  # the authors' k3 coefficient
     assert arms["kl_to_junior"]["training"]["1"]["mean_kl_term"] is not None
     assert arms["grpo"]["training"]["1"]["mean_senior_token_fraction"] == 1.0

@@ -264,7 +264,8 @@ def run_pieces(plan: Plan) -> None:
 
 def training_summary(log_history: list[dict], beta: float) -> dict:
     """Means over the logged training steps: loss, KL, the KL term ``beta * kl`` and the policy loss
-    ``loss - beta * kl`` (TRL logs their sum as ``loss``), reward and the senior's token share.
+    ``loss - beta * kl`` (TRL logs their sum as ``loss``), reward, the senior's token share and the share of groups
+    with a GRPO advantage.
 
     Args:
         log_history: the trainer's ``state.log_history`` (step entries hold ``loss``; the last holds
@@ -273,10 +274,11 @@ def training_summary(log_history: list[dict], beta: float) -> dict:
 
     Returns:
         ``logged_steps``, ``beta``, ``mean_loss``, ``mean_kl``, ``mean_kl_term``, ``mean_policy_loss``,
-        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction``, ``graded_group_share`` (the
-        share of groups whose completions did not all get the same reward: only those carry a GRPO advantage, so
-        the others give no gradient; from TRL's ``frac_reward_zero_std``) (each None where no step logged a finite
-        value), ``train_runtime_seconds`` (seconds, or None) and ``definition`` (the formulas, as text).
+        ``mean_abs_policy_loss``, ``mean_reward``, ``mean_senior_token_fraction`` and ``graded_group_share``
+        (each None where no step logged a finite value), ``train_runtime_seconds`` (seconds, or None) and
+        ``definition`` (the formulas, as text). ``graded_group_share`` is ``1 - frac_reward_zero_std`` (TRL's): the
+        share of groups whose completions did not all get the same reward, the only ones with a GRPO advantage (the
+        others give no policy gradient; with ``beta`` > 0 they still give the KL term's).
     """
     steps = [h for h in log_history if "loss" in h and "train_runtime" not in h]
 

@@ -17,7 +17,7 @@ from .table import DIFFERENCES, INTERVALS, comparison_rows, comparison_table, ht
 
 TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
                    "mean |policy loss|", "mean reward", "senior token share",
-                   "groups with a gradient (rewards not all equal)"]  # fmt: skip
+                   "groups with an advantage (rewards not all equal)"]  # fmt: skip
 """Columns of the training table (``training_rows``)."""
 
 
