@@ -1,12 +1,15 @@
-"""How often does the base model finish with a ``\\boxed{}`` answer under each instruction? (Why the main job asks
-for one-line answers: GRPO needs some completions with a reward to learn from.)
+"""How often does the base model state its answer under each instruction? (Why the main job asks for one-line
+answers, and the study's answer-line lever: GRPO needs some completions with a reward to learn from.)
 
     python bench/probe_instructions.py                       # SmolLM2-135M-Instruct, 8 problems x 4 samples, 64 tokens
-    python bench/probe_instructions.py --max_new_tokens 128 --num_problems 16
+    python bench/probe_instructions.py --task chain2 --max_new_tokens 128 --num_problems 16 --samples 8 \
+        --temperature 0.7 --top_p 0.8 --top_k 20             # the cpu-paper study's task and rollout decoding
 
-For each instruction of ``tandem_grpo.data.INSTRUCTIONS`` it samples ``--samples`` completions per built-in arithmetic
-problem (temperature 1, as GRPO's rollouts) and prints the share with a ``\\boxed{}`` answer (``format_reward``), the
-share correct (``accuracy_reward``, with its truncation rule) and the share that reach the token cap.
+For each instruction of ``tandem_grpo.data.INSTRUCTIONS`` (or ``--instructions``) it samples ``--samples``
+completions per built-in problem of ``--task`` and prints the share with a ``\\boxed{}`` answer (``format_reward``),
+with a stated answer (a box or an ``Answer:`` line, ``stated_answer``), correct by the default reader
+(``accuracy_reward``, with its truncation rule) and by the stated answer only (``stated_accuracy_reward``), and the
+share that reach the token cap.
 """
 
 from __future__ import annotations
@@ -17,13 +20,13 @@ import time
 import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from tandem_grpo.data import INSTRUCTIONS, arithmetic_word_problems
+from tandem_grpo.data import BUILTIN_TASKS, INSTRUCTIONS, builtin_problems, stated_answer
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
-from tandem_grpo.rewards import accuracy_reward, format_reward
+from tandem_grpo.rewards import accuracy_reward, format_reward, stated_accuracy_reward
 
 
 def probe(model, tokenizer, instruction: str, args: argparse.Namespace) -> dict[str, float]:
-    problems = arithmetic_word_problems(args.num_problems, seed=args.problem_seed, instruction=instruction)
+    problems = builtin_problems(args.task, args.num_problems, seed=args.problem_seed, instruction=instruction)
     texts, golds = [], []
     for prompt, answer in zip(problems["prompt"], problems["answer"], strict=True):
         text = tokenizer.apply_chat_template(prompt, tokenize=False, add_generation_prompt=True)
@@ -31,16 +34,20 @@ def probe(model, tokenizer, instruction: str, args: argparse.Namespace) -> dict[
         golds += [answer] * args.samples
     batch = tokenizer(texts, return_tensors="pt", padding=True)
     with torch.no_grad():
-        out = model.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=True, temperature=1.0, top_p=1.0,
+        out = model.generate(**batch, max_new_tokens=args.max_new_tokens, do_sample=True,
+                             temperature=args.temperature, top_p=args.top_p, top_k=args.top_k,
                              pad_token_id=tokenizer.pad_token_id)  # fmt: skip
     ids = []
     for row in out[:, batch.input_ids.shape[1] :].tolist():
         row = [t for t in row if t != tokenizer.pad_token_id]
         ids.append(row[: row.index(tokenizer.eos_token_id) + 1] if tokenizer.eos_token_id in row else row)
     completions = [tokenizer.decode(row, skip_special_tokens=True) for row in ids]
-    accuracy = accuracy_reward(completions, golds, completion_ids=ids, max_completion_length=args.max_new_tokens)
+    cap = dict(completion_ids=ids, max_completion_length=args.max_new_tokens)
     n = len(completions)
-    return {"boxed": sum(format_reward(completions)) / n, "correct": sum(accuracy) / n,
+    return {"boxed": sum(format_reward(completions)) / n,
+            "stated": sum(stated_answer(c) is not None for c in completions) / n,
+            "correct": sum(accuracy_reward(completions, golds, **cap)) / n,
+            "stated_correct": sum(stated_accuracy_reward(completions, golds, **cap)) / n,
             "at_cap": sum(len(row) >= args.max_new_tokens for row in ids) / n}  # fmt: skip
 
 
@@ -52,6 +59,11 @@ def main() -> None:
     parser.add_argument("--max_new_tokens", type=int, default=64)
     parser.add_argument("--problem_seed", type=int, default=5)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--task", default="two_operand", choices=list(BUILTIN_TASKS))
+    parser.add_argument("--instructions", nargs="+", default=list(INSTRUCTIONS), choices=list(INSTRUCTIONS))
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top_p", type=float, default=1.0)
+    parser.add_argument("--top_k", type=int, default=0, help="0: no top-k.")
     args = parser.parse_args()
     for name in ("num_problems", "samples", "max_new_tokens"):
         if getattr(args, name) < 1:
@@ -60,11 +72,13 @@ def main() -> None:
     path = resolve_model_path(args.model_name_or_path)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32).eval()
-    print(f"{args.num_problems} problems x {args.samples} samples, {args.max_new_tokens} new tokens, temperature 1")
-    for name, instruction in INSTRUCTIONS.items():
+    print(f"{args.task}: {args.num_problems} problems x {args.samples} samples, {args.max_new_tokens} new tokens, "
+          f"temperature {args.temperature:g}, top-p {args.top_p:g}, top-k {args.top_k}")  # fmt: skip
+    for name in args.instructions:
         start = time.perf_counter()
-        r = probe(model, tokenizer, instruction, args)
-        print(f"{name:>13}: boxed {r['boxed']:.0%}, correct {r['correct']:.0%}, at the token cap {r['at_cap']:.0%} "
+        r = probe(model, tokenizer, INSTRUCTIONS[name], args)
+        print(f"{name:>13}: boxed {r['boxed']:.0%}, stated {r['stated']:.0%}, correct {r['correct']:.0%} (last "
+              f"number) / {r['stated_correct']:.0%} (stated only), at the token cap {r['at_cap']:.0%} "
               f"({time.perf_counter() - start:.0f} s)")  # fmt: skip
 
 

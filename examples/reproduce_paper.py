@@ -3,6 +3,7 @@
     python examples/reproduce_paper.py --arms base                # sample the base once (junior, drift reference)
     python examples/reproduce_paper.py --arms grpo                # train GRPO, sample it, commit it, drop its weights
     python examples/reproduce_paper.py --arms tandem kl_to_junior # the other arms, one piece each
+    python examples/reproduce_paper.py --arms live_junior --pilot # a control: only the authorship mask differs
     python examples/reproduce_paper.py --report                   # the comparison, from the committed pieces only
     python examples/reproduce_paper.py --dry_run                  # the plan; nothing is trained
 
@@ -23,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from paper_study.pieces import run_pieces
-from paper_study.plan import ARMS, build_plan, describe
+from paper_study.plan import ARMS, CONTROLS, build_plan, describe
 from paper_study.presets import COMMON_TRAINING, PRESET_STUDY, PRESET_TRAINING, PRESETS
 from paper_study.report import build_report, committed_pieces
 
@@ -33,7 +34,7 @@ from tandem_grpo.data import BUILTIN_TASKS, INSTRUCTIONS
 from tandem_grpo.script_parser import ScriptParser
 
 PROG = "reproduce_paper.py"
-PIECES = ("base", *ARMS)
+PIECES = ("base", *ARMS, *CONTROLS)
 
 
 @dataclass
@@ -55,8 +56,13 @@ class StudyArguments:
     num_problems: int | None = field(default=None, metadata={"help": "Training problems (default: exactly the "
                                      "problems the step budget uses, each once)."})  # fmt: skip
     instruction: str | None = field(default=None, metadata={"help": "What each question asks for, in training and "
-                                    "evaluation: one_line, step_by_step or steps (tandem_grpo.data.INSTRUCTIONS). "
+                                    "evaluation: one_line, step_by_step, steps or answer_line "
+                                    "(tandem_grpo.data.INSTRUCTIONS). "
                                     "Default: the preset's."})  # fmt: skip
+    answer: str = field(default="final", metadata={"help": "How the reward and the evaluation read an answer: final "
+                        "(the last \\boxed{}, else the last number: accuracy_reward) or stated (only a \\boxed{} "
+                        "or an 'Answer:' line: stated_accuracy_reward; pair it with --instruction answer_line).",
+                        "choices": ["final", "stated"]})  # fmt: skip
     task: str | None = field(default=None, metadata={"help": "Built-in problem family when --dataset_name is not "
                              "given (tandem_grpo.data.BUILTIN_TASKS: two_operand, chain2, chain2_small, "
                              "chain3_small). Default: the preset's."})  # fmt: skip
@@ -89,9 +95,12 @@ class StudyArguments:
                                         "Default: the preset's."})  # fmt: skip
     eval_seed: int = field(default=0, metadata={"help": "Seed of the evaluation's draws (the same for every seed's "
                            "evaluation, so the base's samples are identical)."})  # fmt: skip
-    arms: list[str] = field(default_factory=lambda: list(PIECES), metadata={"help": "Pieces to run, each trained (not "
-                            "the base), sampled, scored and committed on its own: base, grpo, tandem, kl_to_junior. "
-                            "A piece whose folder holds piece.json is skipped.", "choices": list(PIECES)})  # fmt: skip
+    arms: list[str] = field(default_factory=lambda: ["base", *ARMS], metadata={"help": "Pieces to run, each "
+                            "trained (not the base), sampled, scored and committed on its own: base, grpo, "
+                            "tandem, kl_to_junior, and the control live_junior (with --pilot: tandem whose "
+                            "junior is reloaded with the senior's weights at every sync). A piece whose folder "
+                            "holds piece.json is skipped.",
+                            "choices": list(PIECES)})  # fmt: skip
     report: bool = field(default=False, metadata={"help": "Only build the report from the pieces committed in "
                          "--results_dir (no training, no model) and exit."})  # fmt: skip
     results_dir: str | None = field(default=None, metadata={"help": "Where the pieces (samples, metrics) and the "
@@ -140,6 +149,13 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError("--seeds: give at least one seed.")
     if not study.arms or len(set(study.arms)) != len(study.arms):
         raise ValueError(f"--arms {study.arms}: give each of {', '.join(PIECES)} at most once.")
+    controls = [arm for arm in study.arms if arm in CONTROLS]
+    if controls and not study.pilot:
+        raise ValueError(f"--arms {' '.join(controls)}: a control is read as a pilot (its solo pass@1 against the "
+                         "base and the arms); add --pilot.")  # fmt: skip
+    if "live_junior" in study.arms and not training.use_vllm:
+        raise ValueError("--arms live_junior reloads the junior inside the colocated vLLM engine: it needs "
+                         "--use_vllm true (the cpu-paper preset's).")  # fmt: skip
     if study.lora_r is None or study.lora_r < 0:
         raise ValueError(f"--lora_r {study.lora_r}: 0 (full fine-tuning) or a LoRA rank >= 1.")
     if len(set(study.seeds)) != len(study.seeds):
@@ -179,7 +195,7 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
     if study.dataset_name is None and study.task not in BUILTIN_TASKS:
         raise ValueError(f"--task {study.task!r}: choose one of {', '.join(BUILTIN_TASKS)} (or give --dataset_name).")
     if training.reward_weights is not None and len(training.reward_weights) != 2:
-        raise ValueError(f"--reward_weights {training.reward_weights}: give two weights, for accuracy_reward and "
+        raise ValueError(f"--reward_weights {training.reward_weights}: give two weights, for the accuracy and "
                          "format_reward (1 0: the paper's binary reward, the format reward only logged).")  # fmt: skip
     if study.eval_schedules and not set(study.eval_schedules) <= {"alternating", "word", "steps"}:
         raise ValueError(f"--eval_schedules {study.eval_schedules}: choose from alternating, word, steps.")

@@ -26,7 +26,7 @@ from collections.abc import Sequence
 from multiprocessing.connection import Connection
 from typing import Any
 
-from tandem_grpo.data import last_boxed
+from tandem_grpo.data import last_boxed, stated_answer
 
 __all__ = [
     "VERIFY_TIMEOUT_S",
@@ -35,6 +35,7 @@ __all__ = [
     "extract_answer",
     "format_reward",
     "is_correct",
+    "stated_accuracy_reward",
     "pop_verify_timeouts",
 ]
 
@@ -348,7 +349,9 @@ def _resolve_timeout(verify_timeout: float | None) -> float:
     return float(verify_timeout)
 
 
-def is_correct(completion: Any, gold: Any, *, truncated: bool = False, verify_timeout: float | None = None) -> bool:
+def is_correct(
+    completion: Any, gold: Any, *, truncated: bool = False, verify_timeout: float | None = None, stated: bool = False
+) -> bool:
     """Whether the final answer of ``completion`` equals ``gold``, mathematically.
 
     The answer (:func:`extract_answer`: last ``\\boxed{}``, else last number) is compared with ``gold`` (a number
@@ -358,10 +361,14 @@ def is_correct(completion: Any, gold: Any, *, truncated: bool = False, verify_ti
     Args:
         completion: the completion text, or a conversational completion (see :func:`completion_text`).
         gold: the gold answer; None or empty gives False.
-        truncated: the completion was cut off at the length limit: only a ``\\boxed{}`` counts as its answer.
+        truncated: the completion was cut off at the length limit: only a ``\\boxed{}`` counts as its answer (with
+            ``stated``, an ``Answer:`` line that the cut did not reach, too).
         verify_timeout: time limit in seconds for math-verify on this answer; default ``$TANDEM_GRPO_VERIFY_TIMEOUT``
             if set, else :data:`VERIFY_TIMEOUT_S` (5). Past it the answer is wrong and counted; the call returns
             within about this plus 1 s (plus worker start-up and other threads' checks, which run one at a time).
+        stated: read only the answer the completion states
+            ([`stated_answer`][tandem_grpo.data.stated_answer]: its ``\\boxed{}`` or ``Answer:`` line), never
+            the last number of the text.
 
     Returns:
         True or False; a missing answer, a parse error or a timeout gives False.
@@ -375,7 +382,10 @@ def is_correct(completion: Any, gold: Any, *, truncated: bool = False, verify_ti
         text = completion if isinstance(completion, str) else completion_text(completion)
         if gold is None:
             return False
-        answer = last_boxed(text) if truncated else extract_answer(text)
+        if stated:  # a cut-off completion: only lines the cut did not reach
+            answer = stated_answer(text[: text.rfind("\n") + 1] if truncated else text)
+        else:
+            answer = last_boxed(text) if truncated else extract_answer(text)
         gold_text = str(gold).strip()
         if not answer or not gold_text or max(len(answer), len(gold_text)) > _MAX_ANSWER_CHARS:
             return False
@@ -442,11 +452,35 @@ def accuracy_reward(
             time limit is not a positive number of seconds.
         RuntimeError: the math-verify worker process cannot be started.
     """
+    return _scores(completions, answer, completion_ids, max_completion_length, verify_timeout, kwargs, stated=False)
+
+
+def stated_accuracy_reward(
+    completions: Sequence[Any],
+    answer: Sequence[str] | str,
+    *,
+    completion_ids: Sequence[Sequence[int]] | None = None,
+    max_completion_length: int | None = None,
+    verify_timeout: float | None = None,
+    **kwargs: Any,
+) -> list[float]:
+    """:func:`accuracy_reward` reading only the answer a completion states (``\\boxed{}`` or an ``Answer:``
+    line, :func:`is_correct` with ``stated=True``): a completion that never states one scores 0, however its last
+    number reads. The authors' reward reads only ``\\boxed{}``; pair it with
+    [`ANSWER_LINE_INSTRUCTION`][tandem_grpo.data.ANSWER_LINE_INSTRUCTION] for a model that rarely boxes.
+
+    Raises:
+        ValueError, RuntimeError: as :func:`accuracy_reward`.
+    """
+    return _scores(completions, answer, completion_ids, max_completion_length, verify_timeout, kwargs, stated=True)
+
+
+def _scores(completions, answer, completion_ids, max_completion_length, verify_timeout, kwargs, *, stated: bool):
     golds = _golds(answer, len(completions))
     truncated = _truncated(completion_ids, max_completion_length, len(completions), kwargs)
     timeout_s = _resolve_timeout(verify_timeout)
     return [
-        1.0 if is_correct(completion_text(c), g, truncated=t, verify_timeout=timeout_s) else 0.0
+        1.0 if is_correct(completion_text(c), g, truncated=t, verify_timeout=timeout_s, stated=stated) else 0.0
         for c, g, t in zip(completions, golds, truncated, strict=True)
     ]
 

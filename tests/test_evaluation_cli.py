@@ -271,7 +271,7 @@ def test_two_benchmarks_macro_average_and_paper_preset(tiny_dirs, gsm8k_three, t
     math_one.write_text(json.dumps({"problem": "What is $2+3$?", "answer": "5"}) + "\n", encoding="utf-8")
     # A random tiny model is never right: score every third row correct instead, so that the benchmarks differ
     # (and the macro differs from the pooled figure). The estimators see the verdicts only.
-    monkeypatch.setattr(runner, "_score", lambda tok, completions, golds, cap: [i % 3 == 0 for i in
+    monkeypatch.setattr(runner, "_score", lambda tok, completions, golds, cap, stated: [i % 3 == 0 for i in
                                                                               range(len(completions))])  # fmt: skip
     out = tmp_path / "results"
     args = ["--checkpoints", tiny_dirs["tandem"], "--junior", tiny_dirs["base"], "--dataset", gsm8k_three]

@@ -650,3 +650,65 @@ def test_the_report_says_whether_an_arm_learnt_got_worse_or_did_not_change():
     assert lines[1].endswith(": no significant change")
     assert lines[2].startswith("seed 1: GRPO did not learn")
     assert lines[3].endswith(": learnt") and len(lines) == 4
+
+
+def test_a_pilot_at_another_junior_probability_pairs_with_the_base_but_not_another_instruction():
+    """A pilot's solo pass@1 does not depend on the handoff rule its evaluation records (a dose-response piece at
+    p 0.1 against the base piece at 0.5); it does depend on the instruction, which is refused."""
+    base = json.loads((FIXTURE / "base" / "results.json").read_text())
+    arm = json.loads((FIXTURE / "seed-1" / "grpo" / "results.json").read_text())
+    arm["settings"]["handoff"] = dict(arm["settings"]["handoff"], junior_probability=0.1)
+    assert "learnt" in study_pieces.learnt(base, arm)
+    arm["settings"]["instruction"] = "answer_line"
+    with pytest.raises(ValueError, match="evaluation setting 'instruction'"):
+        study_pieces.learnt(base, arm)
+
+
+def test_an_evaluated_partial_is_finished_not_retrained(study, tmp_path, monkeypatch, no_model_loading):
+    """A run interrupted after its evaluation (weights gone, ``<arm>.partial`` holding results.json and
+    log_history.json) is finished from that folder: piece.json written, nothing trained or sampled again. One
+    evaluated with other settings is not (it is rerun)."""
+    plan = study.build_plan(
+        *study.parse_args(
+            [
+                "--seeds",
+                "1",
+                "--arms",
+                "grpo",
+                "--pilot",
+                "--output_dir",
+                str(tmp_path / "weights"),
+                "--results_dir",
+                str(tmp_path / "r"),
+            ]
+        )
+    )
+    final = plan.piece_dir(1, "grpo")
+    shutil.copytree(FIXTURE / "base", plan.piece_dir(0, "base"))
+    partial = final.with_name(final.name + ".partial")
+    shutil.copytree(FIXTURE / "seed-1" / "grpo", partial)
+    (partial / "piece.json").unlink()
+    results = json.loads((partial / "results.json").read_text())
+    settings = json.loads(json.dumps(dataclasses.replace(plan.evaluation, output_dir=str(partial)).to_dict()))
+    results["settings"] = {**results["settings"], **{k: settings[k] for k in study_plan.SAME_EVALUATION
+                                                     if k in settings}}  # fmt: skip
+    (partial / "results.json").write_text(json.dumps(results))
+    base = json.loads((plan.piece_dir(0, "base") / "results.json").read_text())
+    base["settings"] = dict(results["settings"])
+    (plan.piece_dir(0, "base") / "results.json").write_text(json.dumps(base))
+
+    def refuse(*args):
+        raise AssertionError("an evaluated partial was trained or sampled again")
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", refuse)
+    monkeypatch.setattr(study_pieces, "_vocab_size", lambda path: 49152)
+    assert study_pieces.evaluated_partial(plan, 1, "grpo", partial)
+    assert study_pieces.run_piece(plan, 1, "grpo") == final
+    piece = json.loads((final / "piece.json").read_text())
+    assert piece["resumed_from"]["partial"] == str(partial) and "learnt" in piece
+    assert (final / "pilot.json").is_file() and not partial.exists()
+
+    results["settings"]["max_new_tokens"] += 1  # evaluated otherwise: rerun, not finished
+    shutil.copytree(final, partial)
+    (partial / "results.json").write_text(json.dumps(results))
+    assert not study_pieces.evaluated_partial(plan, 1, "grpo", partial)

@@ -445,3 +445,41 @@ def test_accuracy_reward_on_gsm8k_test_golds():
     assert accuracy_reward([f"Reasoning.\n\\boxed{{{w}}}" for w in written], answer=golds) == [1.0] * 50
     off_by_one = [f"\\boxed{{{float(g) + 1:g}}}" for g in golds]
     assert accuracy_reward(off_by_one, answer=golds) == [0.0] * 50
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ("3 + 4 = 7\n\nAnswer: 7", "7"),
+        ("**Answer:** 42.", "42"),
+        ("The answer is: 7\nthen 9 more", "7"),  # a number written after the stated answer is not it
+        ("Final answer: 12\nAnswer: 13", "13"),  # the last stated answer
+        ("so 5 + 3 = 8", None),  # a last number is not a stated answer
+        ("the answer is 12", None),  # no colon: not an answer line
+        ("Answer:\n", None),
+        ("\\boxed{5}\nAnswer: 6", "5"),  # the box, as the authors read it, wins
+    ],
+)
+def test_stated_answer_reads_only_a_box_or_an_answer_line(text, expected):
+    from tandem_grpo.data import stated_answer
+
+    assert stated_answer(text) == expected
+
+
+def test_stated_accuracy_reward_never_reads_the_last_number():
+    """The default reader scores a last number; the stated reader only an answer the completion states, so a
+    co-author writing past the answer does not change the reward."""
+    from tandem_grpo.rewards import stated_accuracy_reward
+
+    completions = ["5 + 3 = 8", "Answer: 8\n\nThen 2 + 2 = 4", "Answer: 9", "\\boxed{8}"]
+    assert accuracy_reward(completions, "8") == [1.0, 0.0, 0.0, 1.0]
+    assert stated_accuracy_reward(completions, "8") == [0.0, 1.0, 0.0, 1.0]
+
+
+def test_a_truncated_completion_states_only_lines_the_cut_did_not_reach():
+    from tandem_grpo.rewards import stated_accuracy_reward
+
+    completions = ["Answer: 8\nmore", "2 + 6 = 8\nAnswer: 8"]  # the second was cut inside its answer line
+    cap = dict(completion_ids=[[1] * 4, [1] * 4], max_completion_length=4)
+    assert stated_accuracy_reward(completions, "8", **cap) == [1.0, 0.0]
+    assert stated_accuracy_reward(completions, "8") == [1.0, 1.0]

@@ -16,17 +16,38 @@ from pathlib import Path
 
 from tandem_grpo import TandemGRPOConfig
 
-from .plan import ARM_FIELDS, ARMS, PIECE_FILE, SHARED_FIELDS, Plan, check_same_evaluation
+from .plan import (
+    ARM_FIELDS,
+    ARMS,
+    CONTROLS,
+    PIECE_FILE,
+    SAME_EVALUATION,
+    SHARED_FIELDS,
+    SOLO_EVALUATION,
+    Plan,
+    check_same_evaluation,
+)
 
 
-def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_threads: int | None, lora_r: int) -> None:
+def train_arm(
+    config: TandemGRPOConfig,
+    model: str,
+    dtype: str,
+    dataset,
+    cpu_threads: int | None,
+    lora_r: int,
+    live_junior: bool = False,
+    answer: str = "final",
+) -> None:
     """Train one arm in this process and save a full model (a LoRA senior merged into its base), its
-    ``log_history.json`` and ``training_curves.png``."""
+    ``log_history.json`` and ``training_curves.png``. ``live_junior``: the live-junior control
+    (``plan.CONTROLS``, :func:`keep_junior_live`); ``answer``: ``"stated"`` rewards with
+    ``stated_accuracy_reward`` (``--answer``)."""
     import torch
 
     from tandem_grpo import TandemGRPOTrainer
     from tandem_grpo.plotting import plot_training_curves
-    from tandem_grpo.rewards import accuracy_reward, format_reward
+    from tandem_grpo.rewards import accuracy_reward, format_reward, stated_accuracy_reward
 
     if not torch.cuda.is_available():
         cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
@@ -38,8 +59,11 @@ def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_thr
 
         peft_config = LoraConfig(r=lora_r, lora_alpha=2 * lora_r, target_modules="all-linear", task_type="CAUSAL_LM")
     with _vllm_engine_options(config):
-        trainer = TandemGRPOTrainer(model=model, reward_funcs=[accuracy_reward, format_reward], args=config,
+        accuracy = stated_accuracy_reward if answer == "stated" else accuracy_reward
+        trainer = TandemGRPOTrainer(model=model, reward_funcs=[accuracy, format_reward], args=config,
                                     train_dataset=dataset, peft_config=peft_config)  # fmt: skip
+    if live_junior:
+        keep_junior_live(trainer)
     trainer.train()
     out = Path(config.output_dir)
     if lora_r:  # the evaluation loads full models: merge the adapter into a copy of the base
@@ -50,6 +74,30 @@ def train_arm(config: TandemGRPOConfig, model: str, dtype: str, dataset, cpu_thr
     if trainer.accelerator.is_main_process:
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
         plot_training_curves(trainer.state.log_history, out / "training_curves.png")
+
+
+def keep_junior_live(trainer) -> None:
+    """The live-junior control: after every weight sync the engine's junior is loaded with the senior's new weights
+    too, so each rollout is the current policy's solo sample and the arm differs from GRPO only in its loss (the
+    authorship mask keeps the senior's share of the tokens, the coin unchanged).
+
+    Raises:
+        ValueError: the trainer does not co-generate in a colocated tandem vLLM engine (the only rollout engine whose
+            junior this can reload).
+    """
+    from tandem_grpo.vllm.trl_generation import TandemVLLMGeneration
+
+    generation = getattr(trainer, "vllm_generation", None)
+    if not isinstance(generation, TandemVLLMGeneration) or generation.mode != "colocate":
+        raise ValueError("the live_junior control needs colocated tandem vLLM rollouts (--use_vllm true "
+                         "--vllm_mode colocate, junior_probability > 0).")  # fmt: skip
+    sync_senior = generation.sync_weights
+
+    def sync_senior_and_junior() -> None:
+        sync_senior()
+        generation.engine_model().load_junior_from_senior()
+
+    generation.sync_weights = sync_senior_and_junior
 
 
 def _vllm_engine_options(config: TandemGRPOConfig):
@@ -106,16 +154,19 @@ def _piece_measurements(plan: Plan, arm: str) -> list[str]:
     return [] if plan.study.pilot else ["handoff", "legibility"]
 
 
-def learnt(base: dict, arm: dict, confidence: float = 0.95) -> dict:
+def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str | None = None) -> dict:
     """Did the arm learn? Its held-out solo pass@1 minus the base's, per problem (mean accuracy over the ``k``
     samples), with a percentile-bootstrap interval over problems (paired: both sampled the same problems);
     ``learnt`` is true when the whole interval is above 0. A comparison of arms that did not learn measures nothing.
 
     Args:
         base, arm: the evaluation results (``results.json``) of the base piece and of the arm's piece or pilot.
+        problems_sha256: the held-out file's sha256 when both were checked to have sampled that file (then its path
+            may differ).
 
     Raises:
-        ValueError: the two did not sample the same problems, numbers of samples or evaluation settings.
+        ValueError: the two did not sample the same problems, numbers of samples or solo evaluation settings
+            (``SOLO_EVALUATION``).
     """
     from tandem_grpo.evaluation.stats import bootstrap_mean
 
@@ -126,7 +177,8 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95) -> dict:
         len(arm_solo["correct_per_problem"]), arm_solo["num_samples"]
     ):  # fmt: skip
         raise ValueError("the arm and the base piece sampled different problems or numbers of samples.")
-    check_same_evaluation({"results": base}, {"results": arm}, "the arm")
+    sha = {"eval_problems_sha256": problems_sha256}
+    check_same_evaluation({"results": base} | sha, {"results": arm} | sha, "the arm", SOLO_EVALUATION)
     n = base_solo["num_samples"]
     diff = [
         (a - b) / n for a, b in zip(arm_solo["correct_per_problem"], base_solo["correct_per_problem"], strict=True)
@@ -151,13 +203,34 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if plan.study.pilot and arm != "base" and not (plan.piece_dir(seed, "base") / PIECE_FILE).is_file():
         raise FileNotFoundError(f"--pilot compares with the base piece: run --arms base first "
                                 f"({plan.piece_dir(seed, 'base')} is missing).")  # fmt: skip
+    problems_sha256 = check_held_out(plan) if arm != "base" else None
     partial = final.with_name(final.name + ".partial")
-    if partial.exists():
-        shutil.rmtree(partial)  # left by an interrupted run
     piece: dict = {"arm": arm, "seed": None if arm == "base" else seed, "preset": plan.study.preset, "cpu": cpu_name(),
                    "command": command_line(), "versions": versions(), "wall_seconds": {}}  # fmt: skip
     checkpoint = plan.study.model_name_or_path
     weights = None
+    if evaluated_partial(plan, seed, arm, partial):
+        # An interrupted run that had trained and sampled: finish it from its folder (its weights may be gone).
+        print(f"[{_label(seed, arm)}] {partial} holds this piece's evaluation: finishing it", flush=True)
+        results = json.loads((partial / "results.json").read_text())
+        piece["resumed_from"] = {
+            "partial": str(partial),
+            "evaluation_started_utc": results["settings"].get("started_utc"),
+            "wall_seconds": "training: the trainer's train_runtime; evaluation: its timing total",
+        }
+        if arm != "base":
+            config = plan.configs[(seed, arm)]
+            history = json.loads((partial / "log_history.json").read_text())
+            piece["wall_seconds"]["training"] = next(
+                (e["train_runtime"] for e in reversed(history) if "train_runtime" in e), None
+            )
+            piece["training"] = training_summary(history, config.beta)
+            piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
+            piece["config"]["lora_r"] = plan.study.lora_r
+        piece["wall_seconds"]["evaluation"] = results["timing_seconds"]["total"]
+        return _finish_piece(plan, seed, arm, piece, partial, final, plan.study.model_name_or_path, problems_sha256)
+    if partial.exists():
+        shutil.rmtree(partial)  # left by a run interrupted before its evaluation ended
     if arm != "base":
         config = plan.configs[(seed, arm)]
         weights = Path(config.output_dir)
@@ -166,7 +239,8 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
         print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
         started = time.perf_counter()
         _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
-                          plan.study.cpu_threads, plan.study.lora_r)  # fmt: skip
+                          plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior",
+                          plan.study.answer)  # fmt: skip
         piece["wall_seconds"]["training"] = time.perf_counter() - started
         history = json.loads((weights / "log_history.json").read_text())
         piece["training"] = training_summary(history, config.beta)
@@ -181,15 +255,42 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if weights is not None:
         for name in ("log_history.json", "training_curves.png"):
             shutil.copy(weights / name, partial / name)
+    final = _finish_piece(plan, seed, arm, piece, partial, final, checkpoint, problems_sha256)
+    if weights is not None and not plan.study.keep_weights:
+        shutil.rmtree(weights)
+    return final
+
+
+def evaluated_partial(plan: Plan, seed: int, arm: str, partial: Path) -> bool:
+    """Did an interrupted run of this piece leave a finished evaluation in ``partial`` (its ``results.json`` with
+    this plan's evaluation settings and, for a trained arm, its ``log_history.json``)? Then the piece is finished
+    from there instead of trained again."""
+    results_file = partial / "results.json"
+    if not results_file.is_file() or (arm != "base" and not (partial / "log_history.json").is_file()):
+        return False
+    import dataclasses
+
+    expected = json.loads(json.dumps(dataclasses.replace(plan.evaluation, output_dir=str(partial)).to_dict()))
+    recorded = json.loads(results_file.read_text())["settings"]
+    keys = tuple(key for key in SAME_EVALUATION if key in expected)  # not those the evaluation adds (num_problems)
+    try:
+        check_same_evaluation({"results": {"settings": expected}}, {"results": {"settings": recorded}}, "", keys)
+    except ValueError:
+        return False
+    return True
+
+
+def _finish_piece(plan, seed, arm, piece, partial, final, checkpoint, problems_sha256) -> Path:
+    """Write ``piece.json`` (and a pilot's ``pilot.json``) beside the evaluation in ``partial``, then move it to
+    ``final``."""
     piece["vocab_size"] = _vocab_size(checkpoint)
     if Path(plan.eval_source).is_file():
-        import hashlib
-
-        piece["eval_problems_sha256"] = hashlib.sha256(Path(plan.eval_source).read_bytes()).hexdigest()
+        piece["eval_problems_sha256"] = _sha256(Path(plan.eval_source))
     piece["wall_seconds"]["total"] = sum(piece["wall_seconds"].values())
     if arm != "base" and (plan.piece_dir(seed, "base") / "results.json").is_file():
         base_results = json.loads((plan.piece_dir(seed, "base") / "results.json").read_text())
-        verdict = learnt(base_results, json.loads((partial / "results.json").read_text()))
+        verdict = learnt(base_results, json.loads((partial / "results.json").read_text()),
+                         problems_sha256=problems_sha256)  # fmt: skip
         piece["learnt"] = verdict
         if plan.study.pilot:
             (partial / "pilot.json").write_text(json.dumps(verdict, indent=1))
@@ -198,10 +299,36 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
               flush=True)  # fmt: skip
     (partial / PIECE_FILE).write_text(json.dumps(piece, indent=1, default=str))
     partial.rename(final)
-    if weights is not None and not plan.study.keep_weights:
-        shutil.rmtree(weights)
     print(f"[{_label(seed, arm)}] done in {piece['wall_seconds']['total'] / 60:.1f} min -> {final}", flush=True)
     return final
+
+
+def _sha256(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def check_held_out(plan: Plan) -> str | None:
+    """Before an arm trains: the held-out problems it will be sampled on are the base piece's, byte for byte.
+    Returns their sha256 (None when the base piece or the file is not there to compare).
+
+    Raises:
+        ValueError: the base piece recorded other held-out problems (naming both files).
+    """
+    base_file = plan.piece_dir(0, "base") / PIECE_FILE
+    source = Path(plan.eval_source)
+    if not (base_file.is_file() and source.is_file()):
+        return None
+    recorded = json.loads(base_file.read_text()).get("eval_problems_sha256")
+    if recorded is None:
+        return None
+    current = _sha256(source)
+    if current != recorded:
+        raise ValueError(f"{source} (sha256 {current[:12]}...) is not the file the base piece {base_file.parent} was "
+                         f"sampled on (sha256 {recorded[:12]}...): the pilot could not be paired with it. Copy the "
+                         "base piece's eval_problems.jsonl, or rerun --arms base.")  # fmt: skip
+    return current
 
 
 def _label(seed: int, arm: str) -> str:
@@ -256,7 +383,7 @@ def run_pieces(plan: Plan) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
     pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
-    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS if arm in plan.study.arms]
+    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS + CONTROLS if arm in plan.study.arms]
     for number, (seed, arm) in enumerate(pieces, 1):
         print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
         run_piece(plan, seed, arm)

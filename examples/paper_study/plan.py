@@ -14,9 +14,14 @@ from tandem_grpo.data import INSTRUCTIONS, builtin_problems, load_math_dataset
 from .presets import TIMINGS
 
 ARMS = ("grpo", "tandem", "kl_to_junior")
-"""The arms, in the order they are trained, evaluated and shown."""
+"""The paper's arms, in the order they are trained, evaluated and shown."""
+CONTROLS = ("live_junior",)
+"""Controls that separate the method from its cost, run and read as pilots (``--pilot``): ``live_junior`` is tandem
+with the engine's junior reloaded with the senior's weights at every weight sync, so co-generation is solo sampling
+of the current policy and only the authorship mask (the loss on the senior's tokens) differs from GRPO."""
 
-LABELS = {"base": "base", "grpo": "GRPO", "tandem": "tandem", "kl_to_junior": "KL-to-junior"}
+LABELS = {"base": "base", "grpo": "GRPO", "tandem": "tandem", "kl_to_junior": "KL-to-junior",
+          "live_junior": "live junior"}  # fmt: skip
 """Display names of the base and of each arm."""
 ARM_FIELDS = ("junior_probability", "kl_to_junior", "beta")
 """The config fields the arms differ in."""
@@ -31,6 +36,9 @@ SHARED_FIELDS = (
 """The config fields every arm shares (the seed: every arm of one seed)."""
 
 
+PAPER_JUNIOR_PROBABILITY = 0.5
+"""The paper's junior probability; pieces at another value are committed under ``<arm>-p<value>``."""
+
 PIECE_FILE = "piece.json"
 """A piece folder's record (arm, seed, training summary, config, wall times and the CPU they were measured on); it
 is written last, so a folder without it is unfinished."""
@@ -41,7 +49,7 @@ def arm_config(shared: TandemGRPOConfig, arm: str, seed: int, output_dir: Path, 
 
     Args:
         shared: the settings every arm shares; its ``junior_probability`` is the tandem arm's.
-        arm: one of ``ARMS``.
+        arm: one of ``ARMS`` or ``CONTROLS``.
         seed: the training seed.
         output_dir: the arm's folder.
         kl_beta: the KL coefficient of the ``kl_to_junior`` arm (the others get ``shared.beta``).
@@ -55,12 +63,12 @@ def arm_config(shared: TandemGRPOConfig, arm: str, seed: int, output_dir: Path, 
     fields_ = dict(seed=seed, output_dir=str(output_dir), run_name=f"{arm}-seed-{seed}", kl_to_junior=False)
     if arm == "grpo":
         fields_ |= dict(junior_probability=0.0)
-    elif arm == "tandem":
+    elif arm in ("tandem", "live_junior"):
         fields_ |= dict(junior_probability=shared.junior_probability)
     elif arm == "kl_to_junior":
         fields_ |= dict(junior_probability=0.0, kl_to_junior=True, beta=kl_beta)
     else:
-        raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS)}")
+        raise ValueError(f"unknown arm {arm!r}; arms: {', '.join(ARMS + CONTROLS)}")
     return TandemGRPOConfig.from_grpo_config(shared, **fields_)
 
 
@@ -89,7 +97,13 @@ class Plan:
         """Where a piece is committed: ``<results_dir>/base`` or ``<results_dir>/seed-<s>/<arm>``."""
         if arm == "base":
             return self.results_dir / "base"
-        return self.results_dir / ("pilot" if self.study.pilot else "") / f"seed-{seed}" / arm
+        return self.results_dir / ("pilot" if self.study.pilot else "") / f"seed-{seed}" / self.folder_name(arm)
+
+    def folder_name(self, arm: str) -> str:
+        """``arm``, with ``-p<junior_probability>`` for a co-generating arm away from the paper's 0.5
+        (``tandem-p0.1``): a dose-response piece sits beside the 0.5 one instead of replacing it."""
+        p = self.shared.junior_probability
+        return f"{arm}-p{p:g}" if arm in ("tandem", "live_junior") and p != PAPER_JUNIOR_PROBABILITY else arm
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).
@@ -162,7 +176,7 @@ def build_plan(study: Any, shared: TandemGRPOConfig) -> Plan:
     configs = {
         (seed, arm): arm_config(shared, arm, seed, root / f"seed-{seed}" / arm, study.kl_beta)
         for seed in study.seeds
-        for arm in ARMS
+        for arm in ARMS + CONTROLS
     }
     evaluation = EvaluationConfig(
         checkpoints=[study.model_name_or_path],
@@ -171,6 +185,7 @@ def build_plan(study: Any, shared: TandemGRPOConfig) -> Plan:
         dataset=eval_source,
         split="test" if held_out is not None else study.eval_split,
         instruction=study.instruction,
+        answer=study.answer,
         limit=study.eval_limit,
         k=study.eval_k,
         sampling=eval_sampling(study, shared),
@@ -207,8 +222,9 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     # TIMINGS' eval_base was measured for the whole-study evaluation, 4 models sampled alone; a piece samples one.
     per_piece = problems * (t["eval_base"] / 4 + schedules * t["eval_schedule"] / 3) * scale + t["overhead"]
     out = {"base": problems * t["eval_base"] / 4 * scale + t["overhead"]}  # no handoff schedules
-    for arm in ARMS:
-        out[arm] = per_piece + t["step"][arm] * shared.max_steps * size / (t["completions"] * t["tokens"])
+    for arm in ARMS + CONTROLS:
+        step = t["step"][arm if arm in ARMS else "tandem"]  # a control's step is a tandem step
+        out[arm] = per_piece + step * shared.max_steps * size / (t["completions"] * t["tokens"])
     return out, t["measured"]
 
 
@@ -254,24 +270,32 @@ def _duration(seconds: float) -> str:
     return f"{seconds / 3600:.1f} h" if seconds >= 5400 else f"{seconds / 60:.0f} min"
 
 
-SAME_EVALUATION = ("dataset", "split", "instruction", "limit", "k", "sampling", "max_new_tokens", "handoff",
-                   "max_rounds", "seed", "num_problems")  # fmt: skip
+SAME_EVALUATION = ("dataset", "split", "instruction", "answer", "limit", "k", "sampling", "max_new_tokens",
+                   "handoff", "max_rounds", "seed", "num_problems")  # fmt: skip
 """Evaluation settings every piece must share with the base piece: the report pairs pieces by problem."""
+SOLO_EVALUATION = tuple(key for key in SAME_EVALUATION if key not in ("handoff", "max_rounds"))
+"""The settings a solo pass@1 depends on: a pilot at another junior probability samples its senior alone as the
+base piece did, so the handoff rule its evaluation records does not enter the comparison."""
+SETTING_BEFORE_IT_EXISTED = {"answer": "final"}
+"""What a setting added later was in pieces written before it (their ``results.json`` lacks it)."""
 
 
-def check_same_evaluation(base: dict, piece: dict, name: str) -> None:
-    """Refuse a piece whose problems or evaluation settings differ from the base piece's.
+def check_same_evaluation(base: dict, piece: dict, name: str, keys: tuple[str, ...] = SAME_EVALUATION) -> None:
+    """Refuse a piece whose problems or evaluation settings (``keys``) differ from the base piece's.
 
     Raises:
         ValueError: naming the piece and the first setting that differs.
     """
     a, b = base["results"]["settings"], piece["results"]["settings"]
-    for key in SAME_EVALUATION:
-        if a.get(key) != b.get(key):
+    sha = (base.get("eval_problems_sha256"), piece.get("eval_problems_sha256"))
+    for key in keys:
+        if key == "dataset" and None not in sha and sha[0] == sha[1]:
+            continue  # the same held-out file, byte for byte, wherever it was read from
+        default = SETTING_BEFORE_IT_EXISTED.get(key)
+        if a.get(key, default) != b.get(key, default):
             raise ValueError(
                 f"{name}: evaluation setting {key!r} is {b.get(key)!r}, the base piece's is "
                 f"{a.get(key)!r}; pieces compared problem by problem must share it (rerun the piece)."
             )
-    sha = (base.get("eval_problems_sha256"), piece.get("eval_problems_sha256"))
     if None not in sha and sha[0] != sha[1]:
         raise ValueError(f"{name}: sampled on other held-out problems than the base piece (rerun the piece).")

@@ -10,7 +10,8 @@ Every dataset built here is a ``datasets.Dataset`` with exactly two columns:
 Modules, each name importable from ``tandem_grpo.data`` and documented on this page:
 
 * [`answers`][tandem_grpo.data.answers]: gold answers in text ([`last_boxed`][tandem_grpo.data.last_boxed],
-  [`gsm8k_gold`][tandem_grpo.data.gsm8k_gold]) and the normalization of gold strings and numbers;
+  [`stated_answer`][tandem_grpo.data.stated_answer], [`gsm8k_gold`][tandem_grpo.data.gsm8k_gold]) and the
+  normalization of gold strings and numbers;
 * [`instructions`][tandem_grpo.data.instructions]: what is appended to every question
   ([`INSTRUCTION`][tandem_grpo.data.INSTRUCTION], [`ONE_LINE_INSTRUCTION`][tandem_grpo.data.ONE_LINE_INSTRUCTION],
   [`INSTRUCTIONS`][tandem_grpo.data.INSTRUCTIONS]);
@@ -23,15 +24,16 @@ Modules, each name importable from ``tandem_grpo.data`` and documented on this p
   [`BUILTIN_TASKS`][tandem_grpo.data.BUILTIN_TASKS]).
 """
 
-from .answers import gsm8k_gold, last_boxed
+from .answers import gsm8k_gold, last_boxed, stated_answer
 from .arithmetic import BUILTIN_TASKS, arithmetic_chains, arithmetic_word_problems, builtin_problems
-from .instructions import INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION, STEPS_INSTRUCTION
+from .instructions import ANSWER_LINE_INSTRUCTION, INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION, STEPS_INSTRUCTION
 from .loading import DATA_DIR_ENV, DATASETS, HubDataset, load_math_dataset, to_example
 
 __all__ = [
     "BUILTIN_TASKS",
     "DATASETS",
     "DATA_DIR_ENV",
+    "ANSWER_LINE_INSTRUCTION",
     "INSTRUCTION",
     "INSTRUCTIONS",
     "ONE_LINE_INSTRUCTION",
@@ -43,5 +45,6 @@ __all__ = [
     "gsm8k_gold",
     "last_boxed",
     "load_math_dataset",
+    "stated_answer",
     "to_example",
 ]

@@ -1,5 +1,6 @@
-"""Gold answers in text: the last ``\\boxed{...}`` of a solution or completion, GSM8K's ``#### <answer>`` line, and
-the normalization of gold strings and numbers (``"025"`` and ``25.0`` are written ``"25"``).
+"""Gold answers in text: the last ``\\boxed{...}`` of a solution or completion, GSM8K's ``#### <answer>`` line, the
+answer a completion states (its last ``\\boxed{}`` or ``Answer:`` line), and the normalization of gold strings and
+numbers (``"025"`` and ``25.0`` are written ``"25"``).
 
 [`last_boxed`][tandem_grpo.data.last_boxed] is also what [`tandem_grpo.rewards`][tandem_grpo.rewards] reads a
 completion's answer with.
@@ -10,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 
-__all__ = ["gsm8k_gold", "last_boxed"]
+__all__ = ["gsm8k_gold", "last_boxed", "stated_answer"]
 
 _BOX_COMMANDS = ("\\boxed", "\\fbox")
 
@@ -69,6 +70,32 @@ def last_boxed(text: str) -> str | None:
     if not candidates:
         return None
     return candidates[-1][1].strip()
+
+
+# "Answer: 42", "**Answer:** 42", "The answer: 42." at the start of a line; the value runs to the end of that line.
+_ANSWER_LINE_RE = re.compile(r"^[ \t*#>_-]*(?:the\s+)?(?:final\s+)?answer\s*(?:is\s*)?[:=][ \t*_]*(.*?)[ \t*_.]*$",
+                             re.IGNORECASE | re.MULTILINE)  # fmt: skip
+
+
+def stated_answer(text: str) -> str | None:
+    """The answer ``text`` states as its answer: the content of its last complete ``\\boxed{}``, else the value of
+    its last ``Answer: <value>`` line (``**Answer:** 42``, ``Final answer: 42.`` too); never a number elsewhere.
+
+    The authors' reward reads only the box; the ``Answer:`` line is what a small model asked for it writes more
+    often (``tandem_grpo.data.ANSWER_LINE_INSTRUCTION``). Unlike the reward's default reader (the last number of the
+    text when there is no box), a co-author writing past the answer does not change it.
+
+    Returns:
+        The stripped answer (an empty box gives ``""``), or None when ``text`` states none.
+    """
+    if not isinstance(text, str):
+        return None
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    lines = [m.group(1).strip() for m in _ANSWER_LINE_RE.finditer(text)]
+    lines = [line for line in lines if line]
+    return lines[-1] if lines else None
 
 
 def gsm8k_gold(answer_text: str) -> str:

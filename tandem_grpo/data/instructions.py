@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["INSTRUCTION", "INSTRUCTIONS", "ONE_LINE_INSTRUCTION", "STEPS_INSTRUCTION"]
+__all__ = ["ANSWER_LINE_INSTRUCTION", "INSTRUCTION", "INSTRUCTIONS", "ONE_LINE_INSTRUCTION", "STEPS_INSTRUCTION"]
 
 INSTRUCTION = "\n\nPlease reason step by step, and put your final answer within \\boxed{}."
 """Appended to every question by default: asks for step-by-step reasoning and a final answer in ``\\boxed{}``."""
@@ -23,9 +23,17 @@ STEPS_INSTRUCTION = (
 hand over; the reproduction study's instruction (chosen by ``bench/pilot_task.py``, whose output is in
 ``results/pilot``)."""
 
+ANSWER_LINE_INSTRUCTION = (
+    "\n\nSolve it step by step: write one calculation per line, leave a blank line between the lines, "
+    'and end with a last line of the form "Answer: <number>".'
+)
+"""[`STEPS_INSTRUCTION`][tandem_grpo.data.STEPS_INSTRUCTION]'s steps, ending with an ``Answer:`` line (what
+[`stated_answer`][tandem_grpo.data.stated_answer] reads) instead of a ``\\boxed{}`` a 135M model rarely writes."""
+
 INSTRUCTIONS: dict[str, str] = {
     "step_by_step": INSTRUCTION,
     "one_line": ONE_LINE_INSTRUCTION,
     "steps": STEPS_INSTRUCTION,
+    "answer_line": ANSWER_LINE_INSTRUCTION,
 }
-"""The instructions by the names the command lines take (``--instruction step_by_step|one_line|steps``)."""
+"""The instructions by the names the command lines take (``--instruction step_by_step|one_line|steps|answer_line``)."""

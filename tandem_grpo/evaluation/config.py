@@ -62,6 +62,11 @@ class EvaluationError(ValueError):
     """A problem with the evaluation's inputs; the message names the argument, the value and the fix."""
 
 
+ANSWER_READERS = ("final", "stated")
+"""How the evaluation reads a completion's answer (``--answer``): as ``accuracy_reward`` does (``final``) or as
+``stated_accuracy_reward`` does (``stated``)."""
+
+
 def _arg(default=dataclasses.MISSING, help: str = "", **kwargs):  # noqa: A002 - argparse's name
     """A dataclass field whose ``help`` metadata is what ``tandem-grpo evaluate --help`` prints for it."""
     if isinstance(default, (list, tuple)):
@@ -105,8 +110,13 @@ class EvaluationConfig:
                                     "each benchmark's figures and their macro average (plain mean over "
                                     "benchmarks).", metavar="PATH_OR_NAME")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
-    instruction: str = _arg("step_by_step", "What each question asks for: step_by_step, one_line or steps (use the "
-                            "one the checkpoints were trained with; tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
+    instruction: str = _arg("step_by_step", "What each question asks for: step_by_step, one_line, steps or "
+                            "answer_line (use the one the checkpoints were trained with; "
+                            "tandem_grpo.data.INSTRUCTIONS).")  # fmt: skip
+    answer: str = _arg("final", "How a completion's answer is read: final (its last \\boxed{}, else its last "
+                       "number: accuracy_reward's reader) or stated (only a \\boxed{} or an 'Answer:' line: "
+                       "stated_accuracy_reward's). Use the training reward's.",
+                       choices=list(ANSWER_READERS))  # fmt: skip
     limit: int | None = _arg(None, "Evaluate the first N problems of each dataset (default: all of the split).")
     k: int = _arg(4, "Completions sampled per problem (n of the pass@k estimator).")
     pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")
@@ -257,6 +267,8 @@ class EvaluationConfig:
             )
         if self.instruction not in INSTRUCTIONS:
             raise EvaluationError(f"--instruction {self.instruction!r}: choose one of {', '.join(INSTRUCTIONS)}.")
+        if self.answer not in ANSWER_READERS:
+            raise EvaluationError(f"--answer {self.answer!r}: choose one of {', '.join(ANSWER_READERS)}.")
         unknown = [m for m in self.schedules if m not in SCHEDULES]
         if unknown or not self.schedules:
             raise EvaluationError(f"--schedules {list(self.schedules)}: choose one or more of {list(SCHEDULES)}.")

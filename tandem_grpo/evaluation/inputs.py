@@ -81,14 +81,16 @@ def render_prompts(tokenizer, prompts: list) -> list[list[int]]:
     return [list(ids) for ids in tokenizer(texts, add_special_tokens=False)["input_ids"]]
 
 
-def score(tokenizer, completions: list[list[int]], golds_per_row: list[str], max_new_tokens: int) -> list[bool]:
+def score(
+    tokenizer, completions: list[list[int]], golds_per_row: list[str], max_new_tokens: int, stated: bool = False
+) -> list[bool]:
     """Each completion's verdict against its row's gold answer, by the training reward's rule
-    ([`is_correct`][tandem_grpo.rewards.is_correct])."""
+    ([`is_correct`][tandem_grpo.rewards.is_correct]; ``stated``: the stated answer only, ``--answer stated``)."""
     from ..rewards import is_correct
 
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     # The training reward's rule: a completion cut off at the length cap only scores with a complete \boxed{}.
     return [
-        is_correct(t, g, truncated=len(ids) >= max_new_tokens)
+        is_correct(t, g, truncated=len(ids) >= max_new_tokens, stated=stated)
         for t, g, ids in zip(texts, golds_per_row, completions, strict=True)
     ]

@@ -126,7 +126,8 @@ class _Run:
         return list(dict.fromkeys(self.senior_keys + junior + extra))
 
     def score(self, completions: list[list[int]]) -> list[bool]:
-        return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens)
+        return _score(self.tokenizer, completions, self.gold_rows, self.config.max_new_tokens,
+                      self.config.answer == "stated")  # fmt: skip
 
     def capability(self, correct: list[bool]) -> dict:
         """pass@k and accuracy pooled over every problem, ``by_benchmark`` and their ``macro`` average

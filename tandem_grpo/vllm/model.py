@@ -222,7 +222,7 @@ class TandemForCausalLM(nn.Module):
         if self.junior_path is not None:
             junior_loaded = self.junior.load_weights(iter_checkpoint(self.junior_path))
         else:
-            junior_loaded = self._copy_senior_into_junior()
+            junior_loaded = self.load_junior_from_senior()
         return loaded | {f"{JUNIOR_PREFIX}.{name}" for name in junior_loaded}
 
     def reload_senior(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -247,7 +247,9 @@ class TandemForCausalLM(nn.Module):
             yield name.removeprefix(f"{SENIOR_PREFIX}."), tensor
 
     @torch.no_grad()
-    def _copy_senior_into_junior(self) -> set[str]:
+    def load_junior_from_senior(self) -> set[str]:
+        """Copy the senior's current weights into the junior (self-pairing at load; the study's live-junior control
+        after each weight sync). Returns the junior's parameter names."""
         # Same class and config (no junior path), so the parameter names and (vLLM-packed) shapes match one to one.
         senior_params = dict(self.senior.named_parameters())
         names = set()

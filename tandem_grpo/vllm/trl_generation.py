@@ -184,11 +184,16 @@ class TandemVLLMGeneration(VLLMGeneration):
         """Push the training model's weights into the senior (module docstring); the junior is never touched."""
         if self.mode != "colocate":
             return super().sync_weights()
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
+        model = self.engine_model()
         # Clones: the reload buffers a layer's tensors until the layer is complete, and a parameter TRL gathered
         # (DeepSpeed ZeRO-3, FSDP) is released when its gather context exits.
         model.reload_senior((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
         self.llm.reset_prefix_cache()
+
+    def engine_model(self):
+        """The colocated engine's [`TandemForCausalLM`][tandem_grpo.vllm.model.TandemForCausalLM] (senior and
+        junior), in this process."""
+        return self.llm.llm_engine.model_executor.driver_worker.model_runner.model
 
     # --- generation -----------------------------------------------------------------------------------------------
 
