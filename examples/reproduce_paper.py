@@ -5,6 +5,7 @@
     python examples/reproduce_paper.py --arms tandem kl_to_junior # the other arms, one piece each
     python examples/reproduce_paper.py --arms live_junior --pilot # a control: only the authorship mask differs
     python examples/reproduce_paper.py --report                   # the comparison, from the committed pieces only
+    python examples/reproduce_paper.py --map                      # where tandem keeps up, over every lever's pieces
     python examples/reproduce_paper.py --dry_run                  # the plan; nothing is trained
 
 Paper: "Tandem Reinforcement Learning with Verifiable Rewards" (arXiv 2606.28166). The arms start from one base, see
@@ -26,6 +27,7 @@ from pathlib import Path
 from paper_study.pieces import run_pieces
 from paper_study.plan import ARMS, CONTROLS, build_plan, describe
 from paper_study.presets import COMMON_TRAINING, PRESET_STUDY, PRESET_TRAINING, PRESETS
+from paper_study.regime_map import build_map
 from paper_study.report import build_report, committed_pieces
 
 from tandem_grpo import TandemGRPOConfig
@@ -103,6 +105,9 @@ class StudyArguments:
                             "choices": list(PIECES)})  # fmt: skip
     report: bool = field(default=False, metadata={"help": "Only build the report from the pieces committed in "
                          "--results_dir (no training, no model) and exit."})  # fmt: skip
+    map: bool = field(default=False, metadata={"help": "Only build the regime map (results/map: map.json, map.md, "
+                      "map.png) from the committed pieces of every lever of paper_study.regime_map.LEVERS (no "
+                      "training, no model) and exit."})  # fmt: skip
     results_dir: str | None = field(default=None, metadata={"help": "Where the pieces (samples, metrics) and the "
                                     "report go. Default: results/<preset>."})  # fmt: skip
     report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <results_dir>/report)."})
@@ -208,6 +213,9 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
 def main(argv: list[str] | None = None) -> None:
     with usage_errors(PROG):
         study, shared = parse_args(argv)
+        if study.map:
+            build_map()
+            return
         if study.report:
             results_dir = Path(study.results_dir or f"results/{study.preset}")
             build_report(results_dir, Path(study.report_dir) if study.report_dir else None)

@@ -712,3 +712,42 @@ def test_an_evaluated_partial_is_finished_not_retrained(study, tmp_path, monkeyp
     shutil.copytree(final, partial)
     (partial / "results.json").write_text(json.dumps(results))
     assert not study_pieces.evaluated_partial(plan, 1, "grpo", partial)
+
+
+def _set_solo(folder: Path, correct: list[int]) -> None:
+    path = folder / "results.json"
+    results = json.loads(path.read_text())
+    (entry,) = [results["junior"]] if folder.name == "base" else results["checkpoints"].values()
+    entry["solo"]["correct_per_problem"] = correct
+    path.write_text(json.dumps(results))
+
+
+def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_path):
+    """The map's figures from committed pieces: the gain over the lever's base and the difference from the same
+    seed's GRPO, per problem (mean accuracy over k samples), paired; a full piece replaces its pilot; a dose-response
+    pilot (``tandem-p0.1``) is read at its own probability; 'keeps up' within 5 points or with 0 in the interval."""
+    from paper_study import regime_map
+
+    lever = tmp_path / "lever"
+    shutil.copytree(FIXTURE, lever)
+    k = 4
+    _set_solo(lever / "base", [0, 1, 0])
+    _set_solo(lever / "seed-1" / "grpo", [4, 4, 2])  # +3 samples of 4 per problem on average: +75 points
+    _set_solo(lever / "seed-1" / "tandem", [0, 1, 0])  # no gain
+    shutil.copytree(lever / "seed-1" / "tandem", lever / "pilot" / "seed-1" / "tandem-p0.1")
+    _set_solo(lever / "pilot" / "seed-1" / "tandem-p0.1", [4, 4, 1])  # -8.3 points from GRPO, but 0 is in the interval
+    shutil.copytree(lever / "seed-1" / "grpo", lever / "pilot" / "seed-1" / "grpo")
+    _set_solo(lever / "pilot" / "seed-1" / "grpo", [0, 0, 0])  # the full piece wins over this pilot
+    rows = regime_map.build_map(tmp_path / "map", {"lever": {"results_dir": str(lever), "label": "a lever"}})
+    by_arm = {(r["arm"], r["junior_probability"]): r for r in rows}
+    grpo = by_arm[("grpo", None)]
+    assert grpo["gain"]["value"] == pytest.approx((4 + 3 + 2) / 3 / k) and grpo["learnt"] in (True, False)
+    p01 = by_arm[("tandem", 0.1)]
+    assert p01["minus_grpo"]["value"] == pytest.approx((0 + 0 - 1) / 3 / k) and p01["keeps_up"] is True
+    tandem = by_arm[("tandem", 0.5)]
+    assert tandem["gain"]["value"] == 0 and tandem["minus_grpo"]["value"] == pytest.approx(-(4 + 3 + 2) / 3 / k)
+    assert tandem["keeps_up"] is False
+    assert {(r["arm"], r["junior_probability"]) for r in rows} == set(by_arm) and len(rows) == len(by_arm)
+    assert (tmp_path / "map" / "map.png").stat().st_size > 0 and "tandem p 0.1" in (
+        tmp_path / "map" / "map.md"
+    ).read_text()
