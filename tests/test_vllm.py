@@ -275,3 +275,44 @@ def test_invalid_tandem_requests_are_rejected(engine, prompts):
     ):
         with pytest.raises((ValueError, VLLMValidationError)):
             llm.generate([{"prompt_token_ids": prompts[0]}], sampling_params=params, use_tqdm=False)
+
+
+def test_a_junior_reload_reaches_the_junior_kernels(engine, prompts):
+    """``reload_junior`` (the study's live-junior control) moves the junior's logits, linear layers included, and
+    after the same weights reach both models they agree; copying parameters after load would not reach vLLM's packed
+    CPU kernels (the first version of the control moved only norms and embeddings)."""
+    path, llm = engine
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    first = {"max_tokens": 1, "generation_kwargs": {"logprobs": 20}}
+
+    def first_token_logprobs():
+        uids = new_uids(2)
+        params = sampling_params(None, [0], uids[:1], None, **first) + sampling_params(
+            None, [1], uids[1:], HandoffRule("word", 1.0, 32), **first
+        )  # the senior alone, and the junior alone
+        outs = llm.generate([{"prompt_token_ids": prompts[0]}] * 2, sampling_params=params, use_tqdm=False)
+        llm.collective_rpc("tandem_pop_records", args=(uids,))
+        return [{tok: lp.logprob for tok, lp in o.outputs[0].logprobs[0].items()} for o in outs]
+
+    def diff(a, b):
+        shared = set(a) & set(b)
+        return max(abs(a[t] - b[t]) for t in shared) if shared else float("inf")
+
+    from tandem_grpo.vllm.model import iter_checkpoint
+
+    original = dict(iter_checkpoint(path))
+    name = "model.layers.29.mlp.down_proj.weight"  # a linear layer: packed for the CPU kernel at load
+    _, junior_before = first_token_logprobs()
+    torch.manual_seed(0)
+    perturbed = [(name, original[name] + 0.05 * torch.randn_like(original[name]))]
+    try:
+        model.reload_senior(perturbed)
+        model.reload_junior(perturbed)
+        senior_after, junior_after = first_token_logprobs()
+        assert diff(junior_before, junior_after) > 1e-2
+        assert diff(senior_after, junior_after) < 1e-4
+    finally:
+        model.reload_senior([(name, original[name])])
+        model.reload_junior([(name, original[name])])
+    senior_restored, junior_restored = first_token_logprobs()
+    assert diff(junior_before, junior_restored) < 1e-4 and diff(senior_restored, junior_restored) < 1e-4

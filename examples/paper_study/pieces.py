@@ -95,7 +95,12 @@ def keep_junior_live(trainer) -> None:
 
     def sync_senior_and_junior() -> None:
         sync_senior()
-        generation.engine_model().load_junior_from_senior()
+        # Through vLLM's reload lifecycle: the CPU backend packs linear weights for its kernels at load, so copying
+        # parameters would move only the norms and embeddings (a first version of this control did, and its junior
+        # stayed the base's in every linear layer).
+        # The same tensors the senior just got (TRL's names, gathered and LoRA-merged as its sync sends them).
+        weights = ((name, tensor.detach().clone()) for name, tensor in generation._iter_named_params())
+        generation.engine_model().reload_junior(weights)
 
     generation.sync_weights = sync_senior_and_junior
 

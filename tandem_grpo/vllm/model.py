@@ -222,7 +222,7 @@ class TandemForCausalLM(nn.Module):
         if self.junior_path is not None:
             junior_loaded = self.junior.load_weights(iter_checkpoint(self.junior_path))
         else:
-            junior_loaded = self.load_junior_from_senior()
+            junior_loaded = self._copy_senior_into_junior()
         return loaded | {f"{JUNIOR_PREFIX}.{name}" for name in junior_loaded}
 
     def reload_senior(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
@@ -246,10 +246,20 @@ class TandemForCausalLM(nn.Module):
                 continue
             yield name.removeprefix(f"{SENIOR_PREFIX}."), tensor
 
+    def reload_junior(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
+        """Load checkpoint-format weights (HF names, no prefix) into the running engine's junior, through the same
+        in-place reload lifecycle as [`reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]
+        (a backend that packs weights for its kernels after loading, as vLLM's CPU backend does, would otherwise
+        keep computing with the old ones). Tandem training never calls it (the junior is frozen); it is for
+        controls that move the junior on purpose, such as the study's live junior. Returns the loaded names
+        (unprefixed)."""
+        return reload_in_place(self.junior, self._model_config, self.junior.load_weights, weights)
+
     @torch.no_grad()
-    def load_junior_from_senior(self) -> set[str]:
-        """Copy the senior's current weights into the junior (self-pairing at load; the study's live-junior control
-        after each weight sync). Returns the junior's parameter names."""
+    def _copy_senior_into_junior(self) -> set[str]:
+        """Self-pairing at the initial load: copy the senior's freshly loaded parameters into the junior, before
+        vLLM processes either for its kernels (after that, copying parameters does not reach a packed kernel: use
+        ``reload_junior``). Returns the junior's parameter names."""
         # Same class and config (no junior path), so the parameter names and (vLLM-packed) shapes match one to one.
         senior_params = dict(self.senior.named_parameters())
         names = set()
