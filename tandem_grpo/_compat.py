@@ -10,8 +10,6 @@
   every call): [`cache_kwarg`][tandem_grpo._compat.cache_kwarg] picks the name a model's forward declares.
 - transformers 5.23 renamed ``gradient_checkpointing_*`` to ``activation_checkpointing_*``; TRL 1.16 still calls
   the old names around every rollout: [`silence_trl_deprecations`][tandem_grpo._compat.silence_trl_deprecations].
-- tandem-grpo's own earlier paths: a module whose public names moved gets its ``__getattr__`` from
-  [`moved_names`][tandem_grpo._compat.moved_names], so the old import works for one more release with a warning.
 
 ``tests/test_compat.py`` fails when any of these upstream facts changes.
 """
@@ -19,7 +17,6 @@
 from __future__ import annotations
 
 import functools
-import importlib
 import importlib.metadata
 import inspect
 import os
@@ -28,7 +25,7 @@ import warnings
 
 import torch
 
-__all__ = ["TESTED_TRL", "cache_kwarg", "check_trl_version", "moved_names", "silence_trl_deprecations"]
+__all__ = ["TESTED_TRL", "cache_kwarg", "check_trl_version", "silence_trl_deprecations"]
 
 TESTED_TRL = (">=1.16.0", "<1.17")
 """The TRL range the trainer is tested with; ``pyproject.toml`` pins the same range (a test checks they agree)."""
@@ -131,32 +128,3 @@ def silence_trl_deprecations() -> None:
         ):
             return
     warnings.filterwarnings("ignore", message=TRL_DEPRECATED_CALLS, category=FutureWarning)
-
-
-def moved_names(module: str, moved: dict[str, str]):
-    """A module-level ``__getattr__`` for ``module`` that serves each name of ``moved`` from its new place.
-
-    Args:
-        module: the old module's ``__name__``.
-        moved: ``{name: new module's dotted path}``, or ``{old name: "new.module:new_name"}`` for a renamed name.
-
-    Returns:
-        ``__getattr__(name)``: the object from its new place, with a ``DeprecationWarning`` naming the new path.
-
-    Raises:
-        AttributeError: from the returned function, for a name not in ``moved``.
-    """
-
-    def __getattr__(name: str):
-        if name not in moved:
-            raise AttributeError(f"module {module!r} has no attribute {name!r}")
-        target, _, new_name = moved[name].partition(":")
-        new_name = new_name or name
-        warnings.warn(
-            f"{module}.{name} moved to {target}.{new_name}; the old path goes in the next release.",
-            DeprecationWarning,
-            stacklevel=2,
-        )
-        return getattr(importlib.import_module(target), new_name)
-
-    return __getattr__

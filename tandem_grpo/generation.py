@@ -18,7 +18,7 @@ from transformers.generation.logits_process import (
     TemperatureLogitsWarper,
 )
 
-from ._compat import _innermost, cache_kwarg, moved_names
+from ._compat import _innermost, cache_kwarg
 from .handoff import (
     BoundaryTables,
     HandoffRule,
@@ -32,9 +32,6 @@ from .handoff import (
 )
 from .rollout import Rollout
 from .sampling import SamplingSettings
-
-# Old import path, for one version.
-__getattr__ = moved_names(__name__, {"sampling_from_generation_kwargs": "tandem_grpo.sampling"})
 
 
 def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:

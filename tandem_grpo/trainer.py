@@ -29,7 +29,7 @@ from trl.extras.profiling import profiling_context
 from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import get_config_model_id, pad
 
-from ._compat import check_trl_version, moved_names, silence_trl_deprecations
+from ._compat import check_trl_version, silence_trl_deprecations
 from .authorship import authorship_counts, authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
@@ -47,12 +47,8 @@ from .junior import (
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .rollout import Rollout
-from .sampling import COIN_SEED_MASK, SamplingSettings, sampling_from_generation_kwargs
-from .sampling import rollout_seed as _seed_at  # not `rollout_seed`: that name is the deprecated path
+from .sampling import COIN_SEED_MASK, SamplingSettings, rollout_seed, sampling_from_generation_kwargs
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
-
-# Moved names: the old imports work until the next release, with a DeprecationWarning.
-__getattr__ = moved_names(__name__, {"rollout_seed": "tandem_grpo.sampling"})
 
 
 class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
@@ -230,7 +226,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
 
     def _rollout_seed(self, stream: str, mode: str, call_index: int, position: int = 0) -> int:
         where = (self.state.global_step, self.accelerator.process_index, call_index, position)
-        return _seed_at(self.args.seed, stream, mode, *where)
+        return rollout_seed(self.args.seed, stream, mode, *where)
 
     def _coin_seeds(self, mode: str, call_index: int, count: int) -> list[int]:
         """The coin-stream seeds of one generation call: one per completion, the low 31 bits of ``rollout_seed`` at

@@ -111,33 +111,3 @@ def test_untested_trl_is_refused_at_construction_with_the_range(monkeypatch, tmp
 def test_pyproject_pins_the_tested_trl_range():
     pins = re.findall(r'^\s*"(trl[^"]*)",$', (ROOT / "pyproject.toml").read_text(), flags=re.M)
     assert pins == ["trl" + ",".join(TESTED_TRL)]
-
-
-@pytest.mark.parametrize(
-    ("old", "name", "new", "new_name"),
-    [
-        ("tandem_grpo.evaluation.metrics", "capability", "tandem_grpo.evaluation.solo", "capability"),
-        ("tandem_grpo.evaluation.metrics", "legibility", "tandem_grpo.evaluation.junior_legibility", "legibility"),
-        ("tandem_grpo.evaluation.metrics", "Estimate", "tandem_grpo.evaluation.stats", "Estimate"),
-        ("tandem_grpo.evaluation.legibility_intervals", "cot_mean", "tandem_grpo.evaluation.junior_legibility",
-         "cot_mean"),
-        ("tandem_grpo.evaluation.backends", "VLLMBackend", "tandem_grpo.vllm.evaluation", "VLLMBackend"),
-        ("tandem_grpo.vllm.rollout", "use_tandem_vllm", "tandem_grpo.vllm.trl_generation", "use_tandem_vllm"),
-        ("tandem_grpo.vllm.rollout", "generate_tandem", "tandem_grpo.vllm.trl_generation", "tandem_generate_vllm"),
-        ("tandem_grpo.vllm.processor", "tandem_extra_args", "tandem_grpo.vllm.request_args", "tandem_extra_args"),
-        ("tandem_grpo.vllm.processor", "pop_records", "tandem_grpo.vllm.side_records", "pop_records"),
-        ("tandem_grpo.generation", "sampling_from_generation_kwargs", "tandem_grpo.sampling",
-         "sampling_from_generation_kwargs"),
-    ],
-)  # fmt: skip
-def test_moved_names_keep_working_with_a_warning(old, name, new, new_name):
-    import importlib
-
-    if new.startswith("tandem_grpo.vllm"):
-        pytest.importorskip("vllm")
-    module = importlib.import_module(old)
-    with pytest.warns(DeprecationWarning, match=rf"{re.escape(old)}\.{name} moved to {re.escape(new)}\.{new_name}"):
-        moved = getattr(module, name)
-    assert moved is getattr(importlib.import_module(new), new_name)
-    with pytest.raises(AttributeError, match="no attribute"):
-        module.no_such_name  # noqa: B018

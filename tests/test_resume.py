@@ -186,15 +186,12 @@ def test_seed_derivation_separates_every_coordinate():
     assert rollout_seed(**{**base, "run_seed": -1}) != rollout_seed(**{**base, "run_seed": 1})
 
 
-def test_rollout_seeds_kept_their_values_and_the_old_import_path_warns():
+def test_rollout_seeds_keep_their_values():
     from tandem_grpo.sampling import rollout_seed
 
-    # Values of rollout_seed before it moved from tandem_grpo.trainer: the move changed no seed.
+    # Pinned values: a change here changes the coins and tokens of every run, and a resumed run's draws.
     assert rollout_seed(3, "coins", "train", 1, 0, 0, 0) == 3199960327429049413
     assert rollout_seed(-1, "tokens", "eval", 7, 2, 1, 0) == 4504041647244404670
-    with pytest.warns(DeprecationWarning, match=r"tandem_grpo\.sampling\.rollout_seed"):
-        from tandem_grpo.trainer import rollout_seed as old
-    assert old is rollout_seed
 
 
 def test_token_draws_do_not_depend_on_earlier_calls(tmp_path, tiny_model_dirs):

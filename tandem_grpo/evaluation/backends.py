@@ -15,7 +15,6 @@ from collections.abc import Collection, Sequence
 import torch
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from .._compat import moved_names
 from ..handoff import BoundaryTables, HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids, derive_seed
@@ -348,7 +347,3 @@ def create_backend(name: str, model, tokenizer, **kwargs) -> GenerationBackend:
     if name != "transformers":
         raise ValueError(f"create_backend builds the transformers backend; build a {name!r} one with VLLMBackend.")
     return TransformersBackend(model, tokenizer, **kwargs)
-
-
-_VLLM_NAMES = ("TandemEngine", "VLLMBackend", "shared_engine", "close_shared_engine", "VLLM_GPU_MEMORY_UTILIZATION")
-__getattr__ = moved_names(__name__, dict.fromkeys(_VLLM_NAMES, "tandem_grpo.vllm.evaluation"))

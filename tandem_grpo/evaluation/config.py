@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import warnings
 from collections.abc import Collection
 from dataclasses import dataclass, field
 
@@ -19,9 +18,6 @@ from .backends import BACKENDS, check_backend_name
 from .drift import DEFAULT_DRIFT_PREFIX_TOKENS
 from .schedules import MAX_ROUNDS
 from .solo import DEFAULT_CURVE_MAX_K
-
-DEFAULT_KL_SMOOTHING = 0.1
-"""Default of the deprecated ``kl_smoothing`` field."""
 
 MEASUREMENTS = ("handoff", "drift", "legibility")
 SCHEDULES = ("alternating", "word", "steps")
@@ -146,8 +142,6 @@ class EvaluationConfig:
     drift_top_n: int = _arg(500, "N of the drift reversal: GRPO's N most-shifted tokens.")
     drift_prefix_tokens: int = _arg(DEFAULT_DRIFT_PREFIX_TOKENS, "Drift is also reported for the first N "
                                     "completion tokens and for the rest.")  # fmt: skip
-    kl_smoothing: float = _arg(DEFAULT_KL_SMOOTHING, "Deprecated, no effect (the smoothed drift it set was removed; "
-                               "drift is the binned KL with a null); goes in the next release.")  # fmt: skip
     confidence: float = _arg(0.95, "Confidence level of the bootstrap intervals.")
     num_html_samples: int = _arg(6, "Problems shown per checkpoint in samples.html.")
     output_dir: str = _arg("evaluation_results", "Results folder.")
@@ -290,9 +284,6 @@ class EvaluationConfig:
                 raise EvaluationError(f"--{name} {getattr(self, name)}: must be >= 1.")
         if self.num_html_samples < 0:
             raise EvaluationError(f"--num_html_samples {self.num_html_samples}: must be >= 0.")
-        if self.kl_smoothing != DEFAULT_KL_SMOOTHING:
-            warnings.warn("--kl_smoothing has no effect (the smoothed drift was removed) and goes in the next "
-                          "release.", FutureWarning, stacklevel=2)  # fmt: skip
         if not 0 < self.confidence < 1:
             raise EvaluationError(f"--confidence {self.confidence}: must be in (0, 1), e.g. 0.95.")
         if self.dtype not in _DTYPES:

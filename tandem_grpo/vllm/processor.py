@@ -42,7 +42,6 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from .._compat import moved_names
 from ..handoff import (
     SENIOR,
     BoundaryTables,
@@ -60,15 +59,6 @@ from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
 from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, record_for
-
-# Old import paths, for one version.
-_REQUEST_ARGS = ("tandem_extra_args", "rule_from_extra_args", "SEED_KEY", "UID_KEY", "GRANULARITY_KEY",
-                 "PROBABILITY_KEY", "MAX_GAP_KEY", "MODE_KEY", "TOP_K_KEY", "TOP_P_KEY", "MIN_P_KEY")  # fmt: skip
-__getattr__ = moved_names(
-    __name__,
-    {**dict.fromkeys(_REQUEST_ARGS, "tandem_grpo.vllm.request_args"),
-     **dict.fromkeys(("pop_records", "MAX_RECORDS"), "tandem_grpo.vllm.side_records")},
-)  # fmt: skip
 
 
 @dataclass(eq=False)
