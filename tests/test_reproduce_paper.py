@@ -751,3 +751,31 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     assert (tmp_path / "map" / "map.png").stat().st_size > 0 and "tandem p 0.1" in (
         tmp_path / "map" / "map.md"
     ).read_text()
+
+
+def test_a_pilot_on_other_held_out_problems_is_refused_before_training(study, tmp_path, monkeypatch, no_model_loading):
+    """The held-out file is compared with the base piece's by sha256 before an arm trains (not by path after its
+    evaluation): another file is refused by name, and the same bytes read from another folder pass."""
+    argv = ["--seeds", "1", "--arms", "grpo", "--pilot", "--output_dir", str(tmp_path / "w"), "--results_dir",
+            str(tmp_path / "r")]  # fmt: skip
+    plan = study.build_plan(*study.parse_args(argv))
+    source = Path(plan.eval_source)
+    source.parent.mkdir(parents=True, exist_ok=True)
+    source.write_text('{"question": "1 + 1?", "answer": "2"}\n')
+    shutil.copytree(FIXTURE / "base", plan.piece_dir(0, "base"))
+    base_piece = plan.piece_dir(0, "base") / "piece.json"
+    piece = json.loads(base_piece.read_text())
+
+    def refuse(*args):
+        raise AssertionError("trained before the held-out problems were checked")
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", refuse)
+    piece["eval_problems_sha256"] = "0" * 64
+    base_piece.write_text(json.dumps(piece))
+    with pytest.raises(ValueError, match="is not the file the base piece"):
+        study_pieces.run_piece(plan, 1, "grpo")
+    import hashlib
+
+    piece["eval_problems_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
+    base_piece.write_text(json.dumps(piece))
+    assert study_pieces.check_held_out(plan) == piece["eval_problems_sha256"]
