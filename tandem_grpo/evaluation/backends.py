@@ -12,7 +12,9 @@ The names of [`tandem_grpo.backends`][tandem_grpo.backends] are importable from 
 from __future__ import annotations
 
 from .._compat import moved_names
-from ..backends import (
+
+# The backends' own names, importable from here as before (documented in tandem_grpo.backends).
+from ..backends import (  # noqa: F401
     GenerationBackend,
     StopInCompletion,
     TransformersBackend,
@@ -24,20 +26,7 @@ from ..backends import (
     strip_eos,
 )
 
-__all__ = [
-    "BACKENDS",
-    "GenerationBackend",
-    "StopInCompletion",
-    "TransformersBackend",
-    "check_backend_name",
-    "create_backend",
-    "cut_at_eos",
-    "cut_at_stop",
-    "left_pad",
-    "per_prompt_caps",
-    "stop_length",
-    "strip_eos",
-]
+__all__ = ["BACKENDS", "check_backend_name", "create_backend"]
 
 BACKENDS = ("transformers", "vllm")
 """The backend names of ``tandem-grpo evaluate --backend``."""
