@@ -14,7 +14,6 @@ from tandem_grpo.evaluation.backends import (
     TransformersBackend,
     create_backend,
     cut_at_stop,
-    derive_seed,
     stop_length,
 )
 from tandem_grpo.evaluation.schedules import (
@@ -24,7 +23,7 @@ from tandem_grpo.evaluation.schedules import (
     word_handoff_schedule,
 )
 from tandem_grpo.handoff import BoundaryTables, HandoffRule, replay_authorship
-from tandem_grpo.sampling import SamplingSettings, default_eos_token_ids
+from tandem_grpo.sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
 EOS = 2  # SmolLM2's <|im_end|>
 
@@ -222,7 +221,7 @@ def test_backend_names(tok, senior):
     assert isinstance(create_backend("transformers", senior, tok, show_progress=False), TransformersBackend)
     with pytest.raises(ValueError, match="Unknown backend 'tgi'"):
         create_backend("tgi", senior, tok)
-    with pytest.raises(ValueError, match="VLLMBackend"):  # built on a TandemEngine, not from a loaded model
+    with pytest.raises(ValueError, match="max_model_len"):  # refused before any engine (or vLLM) is started
         create_backend("vllm", senior, tok)
 
 

@@ -304,15 +304,16 @@ def test_a_junior_reload_reaches_the_junior_kernels(engine, prompts):
     name = "model.layers.29.mlp.down_proj.weight"  # a linear layer: packed for the CPU kernel at load
     _, junior_before = first_token_logprobs()
     torch.manual_seed(0)
-    perturbed = [(name, original[name] + 0.05 * torch.randn_like(original[name]))]
+    # Every tensor, as a training weight sync sends them (q/k/v and gate/up arrive apart and are stacked in vLLM).
+    perturbed = dict(original, **{name: original[name] + 0.05 * torch.randn_like(original[name])})
     try:
-        model.reload_senior(perturbed)
-        model.reload_junior(perturbed)
+        model.reload_senior(list(perturbed.items()))
+        model.reload_junior(list(perturbed.items()))
         senior_after, junior_after = first_token_logprobs()
         assert diff(junior_before, junior_after) > 1e-2
         assert diff(senior_after, junior_after) < 1e-4
     finally:
-        model.reload_senior([(name, original[name])])
-        model.reload_junior([(name, original[name])])
+        model.reload_senior(list(original.items()))
+        model.reload_junior(list(original.items()))
     senior_restored, junior_restored = first_token_logprobs()
     assert diff(junior_before, junior_restored) < 1e-4 and diff(senior_restored, junior_restored) < 1e-4

@@ -21,6 +21,7 @@ from tandem_grpo.generation import next_token_logprobs  # noqa: E402
 from tandem_grpo.handoff import (  # noqa: E402
     BoundaryTables,
     HandoffRule,
+    HandoffState,
     advance,
     boundary_mask,
     handoff_rows,
@@ -31,7 +32,7 @@ from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E4
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
 from tandem_grpo.vllm.processor import TandemLogitsProcessor  # noqa: E402
 from tandem_grpo.vllm.request_args import tandem_extra_args  # noqa: E402
-from tandem_grpo.vllm.side_records import pop_records  # noqa: E402
+from tandem_grpo.vllm.side_records import STATE_FIELDS, _Record, pack_state, pop_records, unpack_state  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -145,6 +146,27 @@ def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity, mode):
     assert pop_records(uids) == {uid: None for uid in uids}
     if mode == "whole_unit" and granularity == "word":
         assert handoffs > 0, "the steps must reach handoffs within B"
+
+
+def test_state_layout_round_trips_between_state_tensor_and_record():
+    """One layout (STATE_FIELDS) for the processor's state tensor, the HandoffState it unpacks to and a record."""
+    state = HandoffState(
+        owner=torch.tensor([1, 0]),
+        next_owner=torch.tensor([0, 1]),
+        unit_length=torch.tensor([3, 7]),
+        unit_index=torch.tensor([2, 9]),
+        after_boundary=torch.tensor([True, False]),
+        seeds=torch.tensor([11, 12]),
+    )
+    packed = pack_state(state)
+    assert packed.dtype == torch.long and packed.shape == (2, len(STATE_FIELDS))
+    back = unpack_state(packed, state.seeds)
+    for name in (*STATE_FIELDS, "seeds"):
+        assert torch.equal(getattr(back, name), getattr(state, name)), name
+    record = _Record(uid="u", seed=12, rule=HandoffRule("word"), prompt_len=1, owner=1, next_owner=1)
+    record.set_state_row(packed[1].tolist())
+    assert (record.owner, record.next_owner, record.unit_length, record.unit_index) == (0, 1, 7, 9)
+    assert record.after_boundary is False and record.state_row() == packed[1].tolist()
 
 
 def test_processor_resumes_a_preempted_request(tiny_tokenizer):

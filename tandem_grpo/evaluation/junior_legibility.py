@@ -23,8 +23,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
+from ..backends import left_pad, strip_eos
 from ..generation import ModelCall
-from .backends import left_pad, strip_eos
 from .stats import (
     DEFAULT_NUM_RESAMPLES,
     by_problem,

@@ -23,7 +23,8 @@ from pathlib import Path
 
 import torch
 
-from .backends import create_backend, derive_seed
+from ..sampling import derive_seed
+from .backends import create_backend
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
 from .drift import drift, moved_back
 from .hacks import hack_detectors
@@ -243,31 +244,15 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         except (OSError, ValueError) as err:
             raise EvaluationError(f"Cannot load model {m.path!r} from {m.resolved}: {err}") from err
         m.model.eval().requires_grad_(False)
-    if config.backend == "transformers":
-        junior = models[junior_key].model  # the word schedule co-generates each model with the run's junior
-        for key, m in models.items():
-            m.backend = create_backend(
-                config.backend,
-                m.model,
-                tokenizers[key],
-                batch_size=config.batch_size,
-                show_progress=config.show_progress,
-                junior=junior,
-            )
-    else:
-        from ..vllm.evaluation import VLLMBackend, shared_engine  # imports evaluation.backends: not at module level
-
-        max_model_len = max(len(p) for p in prompt_ids) + config.max_new_tokens
+    junior = models[junior_key].model  # tandem schedules co-generate each model with the run's junior
+    for key, m in models.items():
         try:
-            engine = shared_engine(models[senior_keys[0]].resolved, models[junior_key].resolved, dtype=config.dtype,
-                                   max_model_len=max_model_len, seed=config.seed,
-                                   concurrent=len(prompt_ids) * config.k)  # fmt: skip
+            m.backend = create_backend(config.backend, m.model, tokenizers[key], junior=junior,
+                                       batch_size=config.batch_size, show_progress=config.show_progress,
+                                       max_model_len=max(len(p) for p in prompt_ids) + config.max_new_tokens,
+                                       concurrent=len(prompt_ids) * config.k, seed=config.seed)  # fmt: skip
         except (ImportError, ValueError) as err:
-            raise EvaluationError(f"--backend vllm: {err}") from err
-        for key, m in models.items():
-            m.backend = VLLMBackend(engine, m.resolved, is_junior=key == junior_key,
-                                    pad_token_id=tokenizers[key].pad_token_id, tokenizer=tokenizers[key],
-                                    show_progress=config.show_progress)  # fmt: skip
+            raise EvaluationError(f"--backend {config.backend}: {err}") from err
     timing["load_models"] = time.perf_counter() - t
     return _Run(
         config=config,

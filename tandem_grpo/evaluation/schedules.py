@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backends import GenerationBackend, cut_at_eos, stop_length, strip_eos
 from ..handoff import JUNIOR, SENIOR, HandoffRule
-from ..sampling import SamplingSettings
-from .backends import GenerationBackend, cut_at_eos, derive_seed, stop_length, strip_eos
+from ..sampling import SamplingSettings, derive_seed
 from .stats import bootstrap_mean, by_problem
 from .steps import handover_region
 
@@ -75,7 +75,7 @@ def word_handoff_schedule(
     seed: int = 0,
     desc: str = "tandem",
 ) -> ScheduleOutput:
-    """Schedule (a): one [`tandem`][tandem_grpo.evaluation.backends.GenerationBackend.tandem] call of the senior's
+    """Schedule (a): one [`tandem`][tandem_grpo.backends.GenerationBackend.tandem] call of the senior's
     ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row.
     Returns its [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)

@@ -6,9 +6,12 @@ Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + froz
 [`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
 [`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
 [`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),
-[`evaluation`][tandem_grpo.vllm.evaluation] (the evaluation's engine, ``--backend vllm``),
+[`evaluation`][tandem_grpo.vllm.evaluation] (the evaluation's engine and backend, ``--backend vllm``),
 [`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here imports vLLM
 until it is used.
+
+The trainer and the evaluation both build on this package, and nothing here imports either
+(``tests/test_layering.py``).
 """
 
 from ._compat import MIN_VLLM_VERSION, check_vllm

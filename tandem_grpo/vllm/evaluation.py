@@ -1,7 +1,10 @@
 """The ``--backend vllm`` generation of an evaluation run: one in-process
 [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine] and the
-[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of each model. Nothing here imports vLLM until an
-engine is built."""
+[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of each model, a
+[`GenerationBackend`][tandem_grpo.backends.GenerationBackend] that the evaluation builds by name
+([`create_backend`][tandem_grpo.evaluation.backends.create_backend] calls
+[`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend]). Nothing here imports vLLM until an engine is built, nor
+the evaluation ever."""
 
 from __future__ import annotations
 
@@ -10,7 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
-from ..evaluation.backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
+from ..backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
 from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
@@ -137,17 +140,27 @@ _ENGINE: TandemEngine | None = None
 
 
 def shared_engine(
-    senior: str, junior: str, *, dtype: str, max_model_len: int, seed: int = 0, concurrent: int = 0
+    senior: str,
+    junior: str,
+    *,
+    dtype: str,
+    max_model_len: int,
+    seed: int = 0,
+    concurrent: int = 0,
+    load_senior: bool = True,
 ) -> TandemEngine:
     """The process's [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine], built on first use and reused
     while the junior and dtype match and its ``max_model_len`` suffices (vLLM does not free an in-process engine
-    reliably, so one is kept); ``senior`` is loaded into its senior slot."""
+    reliably, so one is kept); ``senior`` is loaded into its senior slot, on a reused engine only when
+    ``load_senior`` (default ``True``; the junior's backend passes ``False``: it never samples from the slot, and
+    the junior need not fit it)."""
     global _ENGINE
     if _ENGINE is None or (_ENGINE.junior, _ENGINE.dtype) != (junior, dtype) or _ENGINE.max_model_len < max_model_len:
         _ENGINE = None  # drop the old engine before building the next
         _ENGINE = TandemEngine(senior, junior, dtype=dtype, max_model_len=max_model_len, seed=seed,
                                concurrent=concurrent)  # fmt: skip
-    _ENGINE.load_senior(senior)
+    if load_senior:
+        _ENGINE.load_senior(senior)
     return _ENGINE
 
 
@@ -252,3 +265,43 @@ class VLLMBackend(GenerationBackend):
         return self.engine.generate(
             prompts, sampling, rule, max_new_tokens=caps, seeds=seeds, stop=stop, progress=progress
         )
+
+
+def vllm_backend(
+    model,
+    tokenizer,
+    *,
+    junior=None,
+    max_model_len: int | None = None,
+    concurrent: int = 0,
+    seed: int = 0,
+    show_progress: bool = True,
+) -> VLLMBackend:
+    """The [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of a loaded transformers ``model`` on the
+    process's [`shared_engine`][tandem_grpo.vllm.evaluation.shared_engine], which
+    [`create_backend`][tandem_grpo.evaluation.backends.create_backend] returns for ``"vllm"``. The engine is built
+    (or reused) from the folders ``model`` and ``junior`` were loaded from (their ``name_or_path``) in ``model``'s
+    dtype; ``model`` is the junior's backend when its folder is the junior's.
+
+    Args:
+        model: the causal LM to sample, loaded from a local folder.
+        tokenizer: its tokenizer (padding id, ``stop`` strings).
+        junior: the run's loaded junior (default ``None``: ``model`` itself).
+        max_model_len: longest prompt plus completion, in tokens (required).
+        concurrent: completions asked for at once (sizes the KV cache on a CPU; default 0: vLLM's own size).
+        seed: the engine's seed (default 0).
+        show_progress: draw the engine's progress bars (default ``True``).
+
+    Raises:
+        ValueError: no ``max_model_len``, or the junior's vocabulary differs from the senior's.
+        ImportError: vLLM is missing or too old.
+    """
+    if max_model_len is None:
+        raise ValueError("The vllm backend needs max_model_len (longest prompt plus completion) to size its engine.")
+    path, junior_path = model.name_or_path, (model if junior is None else junior).name_or_path
+    is_junior = path == junior_path
+    engine = shared_engine(path, junior_path, dtype=str(model.dtype).removeprefix("torch."),
+                           max_model_len=max_model_len, seed=seed, concurrent=concurrent,
+                           load_senior=not is_junior)  # fmt: skip
+    return VLLMBackend(engine, path, is_junior=is_junior, pad_token_id=tokenizer.pad_token_id, tokenizer=tokenizer,
+                       show_progress=show_progress)  # fmt: skip

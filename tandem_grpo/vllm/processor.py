@@ -58,7 +58,7 @@ from ..sampling import SamplingSettings, truncate_logprobs
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
-from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, record_for
+from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, pack_state, record_for, unpack_state
 
 
 @dataclass(eq=False)
@@ -226,11 +226,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         handovers = self._handovers.index_select(0, slots).tolist()
         for k, row in enumerate(rows):
             record = row.record
-            owner, next_owner, unit_length, unit_index, after = state[k]
-            record.owner, record.next_owner, record.unit_length, record.unit_index = (
-                owner, next_owner, unit_length, unit_index
-            )  # fmt: skip
-            record.after_boundary = bool(after)
+            record.set_state_row(state[k])
             record.position = int(self._position[row.slot])
             written = int(self._written[row.slot])
             record.authors = authors[k][: record.position]
@@ -258,9 +254,9 @@ class TandemLogitsProcessor(LogitsProcessor):
         fresh = {id(row): old + k for k, row in enumerate(new_rows)}
         source = torch.tensor([fresh.get(id(row), row.slot) for row in live], dtype=torch.long, device=self.device)
         records = [row.record for row in new_rows]
-        new_state = torch.tensor(
-            [[getattr(r, name) for name in STATE_FIELDS] for r in records], dtype=torch.long
-        ).reshape(len(records), len(STATE_FIELDS))
+        new_state = torch.tensor([r.state_row() for r in records], dtype=torch.long).reshape(
+            len(records), len(STATE_FIELDS)
+        )
         self._state = torch.cat([self._state, new_state.to(self.device)]).index_select(0, source)
         seeds = torch.tensor([r.seed for r in records], dtype=torch.long, device=self.device)
         self._seeds = torch.cat([self._seeds, seeds]).index_select(0, source)
@@ -345,15 +341,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         return self._tables[vocab_size]
 
     def _handoff_state(self, slots: torch.Tensor | slice) -> HandoffState:
-        state = self._state[slots]
-        return HandoffState(
-            owner=state[:, 0],
-            next_owner=state[:, 1],
-            unit_length=state[:, 2],
-            unit_index=state[:, 3],
-            after_boundary=state[:, 4].bool(),
-            seeds=self._seeds[slots],
-        )
+        return unpack_state(self._state[slots], self._seeds[slots])
 
     def _catch_up(self, num_tokens: np.ndarray, tables: BoundaryTables) -> None:
         """Advance each request's rule state over the tokens vLLM sampled since the last step (normally one, the
@@ -397,7 +385,7 @@ class TandemLogitsProcessor(LogitsProcessor):
             state = self._handoff_state(slots)
             new, authors, _ = advance(state, tokens[slots], tables, group.rule)
             moved = pending[slots]
-            packed = torch.stack([getattr(new, name).long() for name in STATE_FIELDS], dim=1)
+            packed = pack_state(new)
             self._state[slots] = torch.where(moved.unsqueeze(1), packed, self._state[slots])
             rows = torch.arange(len(self._live), device=device)[slots]
             cols = positions[slots]

@@ -26,19 +26,37 @@ import math
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import torch
 
-from ..handoff import HandoffRule, init_state
+from ..handoff import HandoffRule, HandoffState, init_state
 from .request_args import SEED_KEY, UID_KEY, rule_from_extra_args
 
-if TYPE_CHECKING:
-    from .processor import TandemLogitsProcessor
-
 MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
+
 STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
+"""The layout of a request's rule state wherever it is stored as numbers: column ``i`` of the processor's long
+state tensor ``[rows, len(STATE_FIELDS)]`` holds the [`HandoffState`][tandem_grpo.handoff.HandoffState] field (and
+``_Record`` attribute) ``STATE_FIELDS[i]``; ``after_boundary`` is stored as 0/1. The coin seeds are kept apart (they
+never change). [`pack_state`][tandem_grpo.vllm.side_records.pack_state],
+[`unpack_state`][tandem_grpo.vllm.side_records.unpack_state] and ``_Record.state_row``/``set_state_row`` are its only
+readers and writers."""
+
+
+def pack_state(state: HandoffState) -> torch.Tensor:
+    """``state`` (``[B]`` per field) as one long tensor ``[B, len(STATE_FIELDS)]`` in the ``STATE_FIELDS`` layout."""
+    return torch.stack([getattr(state, name).long() for name in STATE_FIELDS], dim=1)
+
+
+def unpack_state(packed: torch.Tensor, seeds: torch.Tensor) -> HandoffState:
+    """The [`HandoffState`][tandem_grpo.handoff.HandoffState] of a long ``[B, len(STATE_FIELDS)]`` tensor in the
+    ``STATE_FIELDS`` layout and the coin seeds ``[B]``; the fields are column views of ``packed``
+    (``after_boundary`` a bool copy)."""
+    fields = {name: packed[:, i] for i, name in enumerate(STATE_FIELDS)}
+    fields["after_boundary"] = fields["after_boundary"].bool()
+    return HandoffState(**fields, seeds=seeds)
 
 
 @dataclass
@@ -64,12 +82,22 @@ class _Record:
     corrections: list[float] = field(default_factory=list)
     handovers: list[float] = field(default_factory=list)
 
+    def state_row(self) -> list[int]:
+        """The rule state as one row in the ``STATE_FIELDS`` layout."""
+        return [int(getattr(self, name)) for name in STATE_FIELDS]
+
+    def set_state_row(self, row: Sequence[int]) -> None:
+        """Set the rule state from one row in the ``STATE_FIELDS`` layout."""
+        for name, value in zip(STATE_FIELDS, row, strict=True):
+            setattr(self, name, bool(value) if name == "after_boundary" else int(value))
+
 
 _RECORDS: OrderedDict[str, _Record] = OrderedDict()
 LOCK = threading.RLock()
 """Held while records move between the processors' tensors and ``_RECORDS``."""
-PROCESSORS: weakref.WeakSet[TandemLogitsProcessor] = weakref.WeakSet()
-"""Every live processor of this process; ``pop_records`` copies their rows out first."""
+PROCESSORS: weakref.WeakSet = weakref.WeakSet()
+"""Every live [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] of this process (each adds
+itself; anything with its ``sync_records(which)``); ``pop_records`` copies their rows out first."""
 
 
 def record_for(extra_args: dict, prompt_len: int) -> _Record:
@@ -83,10 +111,7 @@ def record_for(extra_args: dict, prompt_len: int) -> _Record:
     rule = rule_from_extra_args(extra_args)
     seed = int(extra_args[SEED_KEY])
     record = _Record(uid=uid, seed=seed, rule=rule, prompt_len=prompt_len, owner=0, next_owner=0)
-    state = init_state(torch.tensor([seed]), rule)
-    values = torch.stack([getattr(state, name).long() for name in STATE_FIELDS]).tolist()
-    record.owner, record.next_owner, record.unit_length, record.unit_index, after = (v[0] for v in values)
-    record.after_boundary = bool(after)
+    record.set_state_row(pack_state(init_state(torch.tensor([seed]), rule))[0].tolist())
     _RECORDS[uid] = record
     while len(_RECORDS) > MAX_RECORDS:
         _RECORDS.popitem(last=False)

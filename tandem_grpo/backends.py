@@ -1,0 +1,336 @@
+"""Generation behind a small interface: a backend turns token-id prompts into one model's sampled completions
+([`generate`][tandem_grpo.backends.GenerationBackend.generate]) or co-generates with a junior
+([`tandem`][tandem_grpo.backends.GenerationBackend.tandem]); whoever samples through it sees token ids only.
+
+Two backends implement it, one per generation stack: [`TransformersBackend`][tandem_grpo.backends.TransformersBackend]
+here (batched ``model.generate`` and [`tandem_generate`][tandem_grpo.generation.tandem_generate]), and
+[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] on an in-process tandem vLLM engine. The evaluation builds
+either by name ([`create_backend`][tandem_grpo.evaluation.backends.create_backend]). The cuts every backend applies
+(EOS, stop strings, per-prompt caps) are here too, so that both cut alike.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from .handoff import BoundaryTables, HandoffRule
+from .rollout import Rollout
+from .sampling import SamplingSettings, default_eos_token_ids, derive_seed
+
+__all__ = [
+    "GenerationBackend",
+    "StopInCompletion",
+    "TransformersBackend",
+    "cut_at_eos",
+    "cut_at_stop",
+    "left_pad",
+    "per_prompt_caps",
+    "stop_length",
+    "strip_eos",
+]
+
+
+def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | None = None) -> list[int]:
+    """``ids`` up to and including the first EOS, and at most ``limit`` tokens."""
+    out = []
+    eos = set(eos_token_ids)
+    for t in ids[: limit if limit is not None else len(ids)]:
+        out.append(int(t))
+        if t in eos:
+            break
+    return out
+
+
+def strip_eos(ids: Sequence[int], eos_token_ids: Collection[int]) -> list[int]:
+    """``ids`` without its trailing run of EOS ids."""
+    n = len(ids)
+    while n > 0 and int(ids[n - 1]) in eos_token_ids:
+        n -= 1
+    return list(ids[:n])
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token-id prompts as one left-padded batch, as ``generate`` and ``tandem_generate`` take it: long
+    ``(input_ids, attention_mask)`` ``[B, P]``, ``P`` the longest prompt, padded with ``pad_token_id`` (mask 0)."""
+    width = max(len(p) for p in prompts)
+    input_ids = [[pad_token_id] * (width - len(p)) + list(p) for p in prompts]
+    attention_mask = [[0] * (width - len(p)) + [1] * len(p) for p in prompts]
+    return torch.tensor(input_ids, dtype=torch.long), torch.tensor(attention_mask, dtype=torch.long)
+
+
+def stop_length(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> int | None:
+    """The number of leading tokens of ``ids`` whose text first contains one of ``stop``, or ``None`` if it never does.
+
+    The text of ``n`` tokens is ``tokenizer.decode(ids[:n])`` (special tokens kept, no clean-up); containing a stop
+    string only becomes true as ``n`` grows, so the shortest such ``n`` is found by bisection. A token that carries
+    the stop string and more (``".\n\n"``) is kept whole, as vLLM's ``include_stop_str_in_output`` keeps it.
+    """
+
+    def found(n: int) -> bool:
+        text = tokenizer.decode(list(ids[:n]), skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        return any(s in text for s in stop)
+
+    if not stop or not found(len(ids)):
+        return None
+    lo, hi = 1, len(ids)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if found(mid):
+            hi = mid
+        else:
+            lo = mid + 1
+    return lo
+
+
+class StopInCompletion(StoppingCriteria):
+    """A transformers stopping criterion: a row is done once the text of its *generated* tokens contains a stop string,
+    as in vLLM (transformers' ``stop_strings`` also match inside the prompt).
+
+    Args:
+        tokenizer: decodes the generated tokens (special tokens kept, no clean-up).
+        prompt_width: the batch's (left-padded) prompt length; generated tokens start there.
+        window: generated tokens decoded per check (default: 16, or 4 per character of the longest stop string).
+    """
+
+    def __init__(self, tokenizer, stop: Sequence[str], prompt_width: int, window: int | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.stop = [s for s in stop if s]
+        self.prompt_width = int(prompt_width)
+        self.window = window or max(16, 4 * max((len(s) for s in self.stop), default=1))
+
+    def __call__(self, input_ids: torch.Tensor, scores=None, **kwargs) -> torch.Tensor:
+        tails = input_ids[:, self.prompt_width :][:, -self.window :].tolist()
+        decode = self.tokenizer.decode
+        done = [
+            any(s in decode(t, skip_special_tokens=False, clean_up_tokenization_spaces=False) for s in self.stop)
+            for t in tails
+        ]
+        return torch.tensor(done, dtype=torch.bool, device=input_ids.device)
+
+
+def cut_at_stop(ids: Sequence[int], tokenizer, stop: Sequence[str]) -> list[int]:
+    """``ids`` up to and including the token that completes the first stop string (all of ``ids`` without one)."""
+    n = stop_length(ids, tokenizer, stop)
+    return list(ids[: len(ids) if n is None else n])
+
+
+def per_prompt_caps(prompts: Sequence, max_new_tokens: int | Sequence[int]) -> list[int]:
+    """The length cap of each prompt from ``generate``'s ``max_new_tokens`` (one for all, or one per prompt)."""
+    caps = [max_new_tokens] * len(prompts) if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(caps) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(caps)} max_new_tokens values.")
+    return caps
+
+
+class GenerationBackend:
+    """Interface: sample completions for token-id prompts with one model.
+
+    Attributes:
+        name: backend name.
+        eos_token_ids: ids that end a completion.
+        pad_token_id: filler id.
+    """
+
+    name: str = ""
+    eos_token_ids: list[int]
+    pad_token_id: int
+
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        *,
+        max_new_tokens: int | Sequence[int],
+        seed: int = 0,
+        desc: str = "generate",
+        stop: Sequence[str] = (),
+    ) -> list[list[int]]:
+        """Sample one completion per prompt.
+
+        Args:
+            prompts: token-id lists (chat template already applied), any lengths.
+            max_new_tokens: the completion length cap, one for all prompts or one per prompt.
+            seed: seed for this call.
+            stop: strings that end a completion, kept in it (vLLM's ``stop`` with ``include_stop_str_in_output``);
+                the cut is [`cut_at_stop`][tandem_grpo.backends.cut_at_stop] on every backend.
+
+        Returns:
+            One completion per prompt: token ids up to and including the first EOS or the token that completes a
+            stop string (neither when the cap was hit).
+        """
+        raise NotImplementedError
+
+    def tandem(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule: HandoffRule,
+        *,
+        max_new_tokens: int,
+        seed: int = 0,
+        desc: str = "tandem",
+    ) -> Rollout:
+        """Co-generate one completion per prompt with this backend's model as the senior and the run's junior, under
+        the training handoff ``rule`` (the coin stream of row ``i`` is seeded ``derive_seed(seed, "coin", i)``).
+
+        Returns:
+            The [`Rollout`][tandem_grpo.rollout.Rollout]: ids up to and including the first EOS, authorship, unit
+            starts and ``seeds``.
+        """
+        raise NotImplementedError
+
+
+class TransformersBackend(GenerationBackend):
+    """Batched ``model.generate`` sampling with left padding (CPU or one GPU). Each batch runs under its own seed
+    (``derive_seed(seed, batch_index)``) inside ``torch.random.fork_rng``: the caller's RNG is untouched and a rerun
+    with the same batch size draws the same completions.
+
+    Args:
+        model: a loaded causal LM (evaluation mode is set here).
+        batch_size: prompts per ``generate`` call.
+        eos_token_ids: default: training's ([`default_eos_token_ids`][tandem_grpo.sampling.default_eos_token_ids],
+            TRL's rule).
+        junior: the junior model [`tandem`][tandem_grpo.backends.TransformersBackend.tandem] co-generates
+            with (also settable as the ``junior`` attribute).
+
+    Raises:
+        ValueError: ``batch_size < 1``, or no EOS id (none given, and neither the tokenizer nor the generation
+            config has one).
+    """
+
+    name = "transformers"
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        batch_size: int = 16,
+        eos_token_ids: Sequence[int] | None = None,
+        show_progress: bool = True,
+        junior=None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size={batch_size!r} must be >= 1.")
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.batch_size = batch_size
+        if eos_token_ids is None:
+            eos_token_ids = default_eos_token_ids(tokenizer, getattr(model, "generation_config", None))
+        if not eos_token_ids:
+            raise ValueError(
+                "The model has no EOS token id (neither its generation config nor its tokenizer has one)."
+            )
+        self.eos_token_ids = [int(i) for i in eos_token_ids]
+        pad = tokenizer.pad_token_id
+        self.pad_token_id = int(pad if pad is not None else self.eos_token_ids[0])
+        self.show_progress = show_progress
+        self.junior = junior
+        self._tables: BoundaryTables | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def _batches(self, prompts: Sequence[Sequence[int]], desc: str):
+        """``(index, start, input_ids, attention_mask)`` of each left-padded batch of ``batch_size`` prompts, under a
+        progress bar labelled ``desc``."""
+        from tqdm.auto import tqdm
+
+        with tqdm(total=len(prompts), desc=desc, unit="seq", disable=not self.show_progress, leave=False) as bar:
+            for b, start in enumerate(range(0, len(prompts), self.batch_size)):
+                batch = prompts[start : start + self.batch_size]
+                yield b, start, *left_pad(batch, self.pad_token_id)
+                bar.update(len(batch))
+
+    @torch.no_grad()
+    def generate(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        *,
+        max_new_tokens: int | Sequence[int],
+        seed: int = 0,
+        desc: str = "generate",
+        stop: Sequence[str] = (),
+    ) -> list[list[int]]:
+        caps = per_prompt_caps(prompts, max_new_tokens)
+        out: list[list[int]] = []
+        for b, start, input_ids, attention_mask in self._batches(prompts, desc):
+            batch_caps = caps[start : start + self.batch_size]
+            width = input_ids.shape[1]
+            with torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else []):
+                torch.manual_seed(derive_seed(seed, b))
+                generated = self.model.generate(
+                    input_ids=input_ids.to(self.device),
+                    attention_mask=attention_mask.to(self.device),
+                    # transformers truncates in the order of the tandem mixture (top-k, top-p, min-p).
+                    do_sample=True,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=sampling.top_k,
+                    min_p=sampling.min_p or None,
+                    repetition_penalty=sampling.repetition_penalty,
+                    max_new_tokens=max(batch_caps),
+                    eos_token_id=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    # A row that meets a stop string is padded from there on; cut_at_stop drops the padding.
+                    stopping_criteria=StoppingCriteriaList(
+                        [StopInCompletion(self.tokenizer, stop, width)] if stop else []
+                    ),
+                )
+            completions = generated[:, width:].tolist()
+            out.extend(
+                cut_at_stop(cut_at_eos(c, self.eos_token_ids, cap), self.tokenizer, stop)
+                for c, cap in zip(completions, batch_caps, strict=True)
+            )
+        return out
+
+    @torch.no_grad()
+    def tandem(
+        self,
+        prompts: Sequence[Sequence[int]],
+        sampling: SamplingSettings,
+        rule: HandoffRule,
+        *,
+        max_new_tokens: int,
+        seed: int = 0,
+        desc: str = "tandem",
+    ) -> Rollout:
+        """[`tandem_generate`][tandem_grpo.generation.tandem_generate] over batches of ``batch_size`` prompts with
+        ``junior``; batch ``b``'s token draws use a generator seeded ``derive_seed(seed, "tokens", b)``.
+
+        Raises:
+            ValueError: no ``junior``.
+        """
+        from .generation import tandem_generate
+
+        if self.junior is None:
+            raise ValueError("This TransformersBackend has no junior: build it with junior=<the junior model>.")
+        if self._tables is None:  # built once: from_tokenizer decodes the whole vocabulary
+            vocab = self.model.config.get_text_config().vocab_size
+            self._tables = BoundaryTables.from_tokenizer(self.tokenizer, vocab, self.eos_token_ids)
+        parts = []
+        for b, start, input_ids, attention_mask in self._batches(prompts, desc):
+            coins = [derive_seed(seed, "coin", start + i) for i in range(len(input_ids))]
+            generator = torch.Generator(device=self.device).manual_seed(derive_seed(seed, "tokens", b))
+            parts.append(
+                tandem_generate(
+                    self.model,
+                    self.junior,
+                    input_ids.to(self.device),
+                    attention_mask.to(self.device),
+                    rule=rule,
+                    tables=self._tables,
+                    sampling=sampling,
+                    max_new_tokens=max_new_tokens,
+                    eos_token_ids=self.eos_token_ids,
+                    pad_token_id=self.pad_token_id,
+                    seeds=torch.tensor(coins, dtype=torch.long, device=self.device),
+                    generator=generator,
+                )  # fmt: skip
+            )
+        return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
