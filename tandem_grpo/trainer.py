@@ -33,7 +33,7 @@ from ._compat import check_trl_version, moved_names, silence_trl_deprecations
 from .authorship import authorship_counts, authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
-from .generation import check_co_generation_model, tandem_generate
+from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables
 from .junior import (
@@ -44,6 +44,7 @@ from .junior import (
     logits_width,
     senior_vocabulary,
 )
+from .model_calls import check_co_generation_model
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .rollout import Rollout
