@@ -38,64 +38,6 @@ from .sampling import SamplingSettings
 __getattr__ = moved_names(__name__, {"sampling_from_generation_kwargs": "tandem_grpo.sampling"})
 
 
-def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:
-    # transformers' own processors, so that a self-paired tandem samples exactly like ``model.generate``.
-    steps = LogitsProcessorList()
-    if sampling.repetition_penalty != 1.0:
-        steps.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
-    if sampling.temperature != 1.0:
-        steps.append(TemperatureLogitsWarper(sampling.temperature))
-    return steps
-
-
-def next_token_logprobs(
-    senior_logits: torch.Tensor,
-    junior_logits: torch.Tensor,
-    state: HandoffState,
-    tables: BoundaryTables,
-    rule: HandoffRule,
-    sampling: SamplingSettings,
-    history: torch.Tensor,
-) -> torch.Tensor:
-    """The distribution [`tandem_generate`][tandem_grpo.generation.tandem_generate] draws the next token from: logits
-    cut to ``V``, per-model penalty and temperature, [`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs], then
-    [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs].
-
-    Args:
-        senior_logits: float ``[B, V_s]``, the senior's logits, ``V_s >= V``.
-        junior_logits: float ``[B, V_j]``, the junior's logits, ``V_j >= V``.
-        state: the rule state before this position.
-        tables: the boundary tables; their ``vocab_size`` is ``V``.
-        rule: the handoff rule.
-        sampling: the sampling settings.
-        history: long ``[B, L]``, prompt and completion so far (only the repetition penalty reads it).
-
-    Returns:
-        float ``[B, V]``: normalized log-probabilities, ``-inf`` where the token cannot be drawn.
-    """
-    width = tables.vocab_size
-    steps = _per_model_steps(sampling)
-    senior_lp = torch.log_softmax(steps(history, senior_logits[:, :width]), dim=-1)
-    junior_lp = torch.log_softmax(steps(history, junior_logits[:, :width]), dim=-1)
-    return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
-
-
-def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
-    """``done -> every process is done``: one all-reduce (SUM of not-done flags) per call, as transformers'
-    ``_has_unfinished_sequences`` under ``synced_gpus``; the local flag alone without a multi-process group."""
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return bool
-    if torch.distributed.get_world_size() < 2:
-        return bool
-
-    def all_done(done: bool) -> bool:
-        flag = torch.tensor(0.0 if done else 1.0, device=device)
-        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.SUM)
-        return flag.item() == 0.0
-
-    return all_done
-
-
 @torch.no_grad()
 def tandem_generate(
     senior: PreTrainedModel,
@@ -236,6 +178,48 @@ def _decode(
     return written.rollout(batch, seeds.tolist())
 
 
+def next_token_logprobs(
+    senior_logits: torch.Tensor,
+    junior_logits: torch.Tensor,
+    state: HandoffState,
+    tables: BoundaryTables,
+    rule: HandoffRule,
+    sampling: SamplingSettings,
+    history: torch.Tensor,
+) -> torch.Tensor:
+    """The distribution [`tandem_generate`][tandem_grpo.generation.tandem_generate] draws the next token from: logits
+    cut to ``V``, per-model penalty and temperature, [`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs], then
+    [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs].
+
+    Args:
+        senior_logits: float ``[B, V_s]``, the senior's logits, ``V_s >= V``.
+        junior_logits: float ``[B, V_j]``, the junior's logits, ``V_j >= V``.
+        state: the rule state before this position.
+        tables: the boundary tables; their ``vocab_size`` is ``V``.
+        rule: the handoff rule.
+        sampling: the sampling settings.
+        history: long ``[B, L]``, prompt and completion so far (only the repetition penalty reads it).
+
+    Returns:
+        float ``[B, V]``: normalized log-probabilities, ``-inf`` where the token cannot be drawn.
+    """
+    width = tables.vocab_size
+    steps = _per_model_steps(sampling)
+    senior_lp = torch.log_softmax(steps(history, senior_logits[:, :width]), dim=-1)
+    junior_lp = torch.log_softmax(steps(history, junior_logits[:, :width]), dim=-1)
+    return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
+
+
+def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:
+    # transformers' own processors, so that a self-paired tandem samples exactly like ``model.generate``.
+    steps = LogitsProcessorList()
+    if sampling.repetition_penalty != 1.0:
+        steps.append(RepetitionPenaltyLogitsProcessor(sampling.repetition_penalty))
+    if sampling.temperature != 1.0:
+        steps.append(TemperatureLogitsWarper(sampling.temperature))
+    return steps
+
+
 def _checked_tables(
     tables: BoundaryTables | None,
     tokenizer,
@@ -255,6 +239,22 @@ def _checked_tables(
             "BoundaryTables.from_tokenizer(tokenizer, <narrowest logits width>, eos_token_ids)."
         )
     return tables
+
+
+def _all_done_reducer(device: torch.device) -> Callable[[bool], bool]:
+    """``done -> every process is done``: one all-reduce (SUM of not-done flags) per call, as transformers'
+    ``_has_unfinished_sequences`` under ``synced_gpus``; the local flag alone without a multi-process group."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return bool
+    if torch.distributed.get_world_size() < 2:
+        return bool
+
+    def all_done(done: bool) -> bool:
+        flag = torch.tensor(0.0 if done else 1.0, device=device)
+        torch.distributed.all_reduce(flag, op=torch.distributed.ReduceOp.SUM)
+        return flag.item() == 0.0
+
+    return all_done
 
 
 @dataclass
