@@ -33,7 +33,7 @@ from ._compat import check_trl_version, silence_trl_deprecations
 from .authorship import authorship_counts, authorship_spans, mark_junior_text
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
-from .generation import check_co_generation_model, tandem_generate
+from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func
 from .handoff import BoundaryTables
 from .junior import (
@@ -44,11 +44,17 @@ from .junior import (
     logits_width,
     senior_vocabulary,
 )
+from .model_calls import check_co_generation_model
 from .models import resolve_model_path
 from .rewards import pop_verify_timeouts
 from .rollout import Rollout
 from .sampling import COIN_SEED_MASK, SamplingSettings, rollout_seed, sampling_from_generation_kwargs
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
+
+
+def _co_generates(args: TandemGRPOConfig) -> bool:
+    """Whether the training rollouts are co-generated (not the senior's alone: the KL ablation, probability 0)."""
+    return not args.kl_to_junior and args.junior_probability > 0
 
 
 class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
@@ -67,6 +73,39 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     Logged each step: ``tandem/senior_token_fraction``, ``tandem/junior_unit_fraction``,
     ``tandem/handoffs_per_completion``; with ``log_completions=True`` the completions table gains an
     ``authorship`` column with the junior's words in ⟦…⟧.
+
+    **State between TRL's calls.** TRL calls the overridden methods in this order, and these attributes carry what one
+    call hands to a later one (everything else is set once in the constructor):
+
+    1. ``_prepare_inputs`` calls ``_generate_and_score_completions`` (every ``steps_per_generation *
+       num_iterations`` micro-steps in training, every batch in evaluation); under ``handoff_mode="whole_unit"`` it
+       runs inside [`WholeUnitTerms.generate_and_score`][tandem_grpo.whole_unit.WholeUnitTerms.generate_and_score],
+       which clears ``_whole_unit.scoring_coef`` before and after.
+    2. It calls ``_generate``, which sets ``_rollout = None`` and calls TRL's ``_generate``; that calls
+       ``_generate_single_turn`` once (tools are refused). Where it co-generates, that counts the call in
+       ``_generation_calls`` (per mode: the global step and the calls made at it; the call's index seeds its coins
+       and draws) and writes ``_rollout``, the co-generated [`Rollout`][tandem_grpo.rollout.Rollout]. Back in
+       ``_generate``, ``_rollout`` is read to build the authorship mask in TRL's ``tool_mask`` slot and, under
+       ``"whole_unit"``, to set ``_whole_unit.scoring_coef``; it is still ``None`` where TRL generated alone (the
+       senior wrote every token). ``_rollout`` keeps the last rollout until the next ``_generate``.
+    3. TRL scores the completions (old and reference log-probs) through ``_get_per_token_logps_and_entropies``;
+       ``_loss_keep`` is ``None`` there, so nothing is neutralized, and ``"whole_unit"`` adds its terms with
+       ``scoring_coef``. The coefficients then travel in the batch under
+       [`COEF_KEY`][tandem_grpo.whole_unit.COEF_KEY].
+    4. ``training_step`` calls ``compute_loss``, then ``_compute_loss``, which sets ``_loss_keep`` to (the positions
+       the loss keeps, bool ``[B, T]``; a shallow copy of the batch) and, under ``"whole_unit"``, enters
+       [`WholeUnitTerms.in_loss`][tandem_grpo.whole_unit.WholeUnitTerms.in_loss] (``_whole_unit.loss_coef``); then
+       it runs TRL's ``_compute_loss`` on that copy. TRL calls ``_get_per_token_logps_and_entropies`` first, which
+       reads ``_loss_keep`` and writes neutral values at the other positions into the copy's
+       ``old_per_token_logps``, ``ref_per_token_logps``, ``sampling_per_token_logps`` and
+       ``importance_sampling_ratio``; TRL's ``_compute_loss`` reads those keys only after that call
+       (``test_overridden_trl_internals_have_the_expected_shape`` pins the order). ``_loss_keep`` is ``None`` again
+       when ``_compute_loss`` returns or raises.
+
+    Coin seeds and token draws are functions of the rollout's coordinates alone
+    ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]: run seed, mode, global step, process, call index,
+    position), so ``_generation_calls`` is the only state generation keeps: a resumed run draws what the
+    uninterrupted run drew, and evaluation never moves the training draws.
 
     Raises:
         TypeError: ``args`` is not a TandemGRPOConfig.
@@ -99,31 +138,50 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = TandemGRPOConfig(f"{model_name.split('/')[-1]}-TandemGRPO")
-        if reward_funcs is not None:
-            listed = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
-            reward_funcs = [checked_reward_func(func) for func in listed]
+        self._refuse_unsupported(model, args, kwargs)
+        self._set_up(model, reward_funcs, args, kwargs)
+
+    @staticmethod
+    def _refuse_unsupported(model, args, kwargs: dict) -> None:
+        """Refuse what tandem training cannot run, from the constructor's arguments alone: nothing is loaded, only
+        the senior's config is read (``handoff_mode="whole_unit"``).
+
+        Raises:
+            TypeError: ``args`` is not a TandemGRPOConfig.
+            ValueError: an option co-generation does not support (see the class docstring).
+        """
         if not isinstance(args, TandemGRPOConfig):
             raise TypeError(
                 f"args must be a TandemGRPOConfig, got {type(args).__name__}. Build it with "
                 "`TandemGRPOConfig.from_grpo_config(your_grpo_config, junior_probability=0.5)`."
             )
-        co_generates = not args.kl_to_junior and args.junior_probability > 0
-        if co_generates and args.handoff_mode == "whole_unit":
+        if not _co_generates(args):
+            return  # senior-only rollouts: TRL's own generation, with whatever it supports
+        if args.handoff_mode == "whole_unit":
             check_whole_unit_supported(model, args)
-        if co_generates:
-            for option in ("tools", "rollout_func", "environment_factory"):
-                if kwargs.get(option):
-                    raise ValueError(
-                        f"`{option}` cannot be combined with tandem co-generation yet. Drop it, or set "
-                        "kl_to_junior=True / junior_probability=0 for senior-only rollouts."
-                    )
-            if args.use_transformers_continuous_batching:
+        for option in ("tools", "rollout_func", "environment_factory"):
+            if kwargs.get(option):
                 raise ValueError(
-                    "use_transformers_continuous_batching=True is not supported with tandem co-generation: set it "
-                    "to False (the tandem loop batches both models itself) or use use_vllm=True."
+                    f"`{option}` cannot be combined with tandem co-generation yet. Drop it, or set "
+                    "kl_to_junior=True / junior_probability=0 for senior-only rollouts."
                 )
-            if isinstance(kwargs.get("processing_class"), ProcessorMixin):
-                raise ValueError("Tandem co-generation supports text-only models; got a multimodal processor.")
+        if args.use_transformers_continuous_batching:
+            raise ValueError(
+                "use_transformers_continuous_batching=True is not supported with tandem co-generation: set it "
+                "to False (the tandem loop batches both models itself) or use use_vllm=True."
+            )
+        if isinstance(kwargs.get("processing_class"), ProcessorMixin):
+            raise ValueError("Tandem co-generation supports text-only models; got a multimodal processor.")
+
+    def _set_up(self, model, reward_funcs, args: TandemGRPOConfig, kwargs: dict) -> None:
+        """The constructor after ``_refuse_unsupported``: the junior's vocabulary, checked from tokenizers and configs
+        before any weights are loaded; ``GRPOTrainer.__init__``; the checks that need the built senior (a PEFT
+        prompt-learning senior, ``generation_kwargs``); the sampling settings, boundary tables, ``whole_unit`` terms
+        and the junior."""
+        co_generates = _co_generates(args)
+        if reward_funcs is not None:
+            listed = reward_funcs if isinstance(reward_funcs, list) else [reward_funcs]
+            reward_funcs = [checked_reward_func(func) for func in listed]
         # A hub id the hub cannot serve here falls back to a local copy (tandem_grpo.models); the model card still
         # names the hub id as the base model.
         self._base_model_id = model if isinstance(model, str) and not os.path.isdir(model) else None
@@ -134,6 +192,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             # Check the vocabulary from tokenizers and configs alone, before any weights are loaded.
             senior_tokenizer, senior_width = senior_vocabulary(model, kwargs.get("processing_class"))
             junior_path = check_junior_vocabulary(senior_tokenizer, senior_width, args.junior_model_name_or_path)
+        # The state carried between TRL's calls (the class docstring, "State between TRL's calls"); it exists before
+        # GRPOTrainer.__init__ runs.
+        self._generation_calls: dict[str, tuple[int, int]] = {}
+        self._rollout: Rollout | None = None
+        self._loss_keep: tuple[torch.Tensor, dict] | None = None
 
         with contextlib.ExitStack() as stack:
             if args.use_vllm:
@@ -170,12 +233,6 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             self.ref_model = junior_as_reference(self, junior_path)
         elif co_generates and not self.use_vllm:
             self.junior, self._junior_context = choose_junior(self, junior_path)
-        # Coin seeds and token draws are pure functions of the rollout's coordinates (rollout_seed): nothing carries
-        # over from earlier calls, so a resumed run draws what the uninterrupted run drew, and evaluation (mode
-        # "eval") never moves the training draws. The only state: the generation calls made so far at the current
-        # global step, per mode (_next_call_index).
-        self._generation_calls: dict[str, tuple[int, int]] = {}
-        self._rollout: Rollout | None = None  # this generation call's rollout, read by `_generate`
 
     def _is_zero3(self) -> bool:
         return is_zero3(self)
@@ -355,7 +412,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         parent, call = super()._get_per_token_logps_and_entropies, (model, input_ids, attention_mask, logits_to_keep)
-        loss_keep = getattr(self, "_loss_keep", None)
+        loss_keep = self._loss_keep
         if self._whole_unit is None:
             logps, entropies, *rest = parent(*call, *args, **kwargs)
         else:

@@ -270,7 +270,7 @@ def _forward_counter(model):
 def test_lora_senior_with_base_junior_is_one_forward_with_the_two_pass_distribution(tiny_tokenizer, tables):
     """A LoRA senior whose junior is its base (`junior=None`) runs one forward per step over both models' rows, and
     draws exactly what the two-pass loop (junior = senior under `disable_adapter`) draws."""
-    from tandem_grpo.generation import mixed_adapter_batches
+    from tandem_grpo.model_calls import mixed_adapter_batches
 
     senior = _lora_senior()
     assert mixed_adapter_batches(senior)
@@ -298,7 +298,7 @@ def test_lora_senior_with_base_junior_is_one_forward_with_the_two_pass_distribut
 def test_mixed_adapter_batch_logits_match_each_model_step_by_step(tiny_tokenizer):
     """Teacher-forced: at the prefill and every decode step, the senior rows give the adapter's logits and the junior
     rows the base's, as two separate passes do; and the adapter really changes the logits."""
-    from tandem_grpo.generation import _senior_and_base, _two_models
+    from tandem_grpo.model_calls import _senior_and_base, _two_models
 
     senior = _lora_senior().eval()
     ids, mask = _prompts(tiny_tokenizer, 5)
@@ -328,7 +328,7 @@ def _teacher_forced(forward, ids, mask, steps: int = 6) -> list[tuple[torch.Tens
 def test_lora_generation_restores_training_mode_and_falls_back_for_dora(tiny_tokenizer, tables):
     from peft import LoraConfig, get_peft_model
 
-    from tandem_grpo.generation import mixed_adapter_batches
+    from tandem_grpo.model_calls import mixed_adapter_batches
 
     senior = _lora_senior()
     ids, mask = _prompts(tiny_tokenizer, 4)
@@ -375,7 +375,7 @@ def test_every_architecture_decodes_as_its_full_forward(arch, tiny_tokenizer, ta
 
     from tiny_architectures import CAUSAL_LMS
 
-    from tandem_grpo.generation import _two_models
+    from tandem_grpo.model_calls import _two_models
 
     senior, junior = CAUSAL_LMS[arch](0), CAUSAL_LMS[arch](1)
     ids, mask = _prompts(tiny_tokenizer, 3)
@@ -393,7 +393,7 @@ def test_every_architecture_decodes_as_its_full_forward(arch, tiny_tokenizer, ta
 def test_model_call_reads_what_generate_passes():
     from tiny_architectures import gpt_oss, nemotron_h
 
-    from tandem_grpo.generation import ModelCall
+    from tandem_grpo.model_calls import ModelCall
 
     llama = ModelCall.of(build_tiny_model(0))
     assert llama.flags == {"use_cache": True, "logits_to_keep": 1}, "no router flag for a dense model"
@@ -435,7 +435,7 @@ def test_moe_lora_senior_with_base_junior(arch, one_pass, tiny_tokenizer, tables
     folds its update into the weights, so ``lora_B`` never runs a forward and zeroing its output would leave the
     junior rows with the senior's function: that senior falls back to two passes. Either way the draws are those of
     the two-pass loop with the adapter disabled for the junior, and both models wrote."""
-    from tandem_grpo.generation import mixed_adapter_batches
+    from tandem_grpo.model_calls import mixed_adapter_batches
 
     senior = _moe_lora_senior(arch).eval()
     assert mixed_adapter_batches(senior) is one_pass

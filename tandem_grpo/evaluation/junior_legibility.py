@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 import torch
 
 from ..backends import left_pad, strip_eos
-from ..generation import ModelCall
+from ..model_calls import ModelCall
 from .stats import (
     DEFAULT_NUM_RESAMPLES,
     by_problem,
@@ -103,7 +103,7 @@ def shared_prompt_logits(
     and ``completion_mask`` ``[B, T]``) of one ``prompt``: the prompt runs once and its KV cache is repeated for the
     ``B`` rows, so ``k`` samples cost one prompt pass. Equal to
     [`completion_logits`][tandem_grpo.evaluation.junior_legibility.completion_logits] up to float rounding. The model
-    is called as ``generate`` calls it ([`ModelCall`][tandem_grpo.generation.ModelCall]); it needs a ``DynamicCache``
+    is called as ``generate`` calls it ([`ModelCall`][tandem_grpo.model_calls.ModelCall]); it needs a ``DynamicCache``
     ([`can_share_prompt`][tandem_grpo.evaluation.junior_legibility.can_share_prompt])."""
     device = next(model.parameters()).device
     rows, t_len = completion_ids.shape
