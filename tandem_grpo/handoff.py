@@ -18,7 +18,7 @@ exact policy gradient: docs/method.md, "The two handoff rules".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import torch
@@ -35,43 +35,119 @@ _SENTENCE_END = (".", "!", "?", "\n")
 _MASK32 = 0xFFFFFFFF
 
 
+def _setting(default, help: str, **metadata):  # noqa: A002 - HfArgumentParser's metadata key
+    """A field of [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings]; ``help`` is what ``--help`` prints."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass
+class HandoffSettings:
+    """The handoff rule's settings as users name them: the one declaration of their names, defaults, help texts and
+    checks. [`TandemGRPOConfig`][tandem_grpo.config.TandemGRPOConfig] inherits these fields, ``tandem-grpo
+    evaluate`` parses them as its flags (``--junior_probability`` ...), and
+    [`HandoffRule`][tandem_grpo.handoff.HandoffRule] takes its defaults from them
+    ([`RULE_FIELDS`][tandem_grpo.handoff.RULE_FIELDS] pairs the names).
+
+    Attributes:
+        handoff_mode (str): ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary
+            token) or ``"whole_unit"`` (each unit written by one model); see docs/method.md, "The two handoff
+            rules".
+        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or
+            ``"sentence"``.
+        junior_probability (float): chance in [0, 1] that the junior writes a new unit (default 0.5, the paper's);
+            ``0`` leaves the senior alone (plain GRPO rollouts in training).
+        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, the
+            paper's).
+
+    Raises:
+        ValueError: a value outside its range, naming the field, the value and the range.
+    """
+
+    handoff_mode: str = _setting(
+        "after_boundary",
+        "Handoff rule: 'after_boundary' (the paper authors': a coin after each boundary token) or 'whole_unit' "
+        "(each unit written by one model).",
+        choices=list(MODES),
+    )
+    handoff_granularity: str = _setting(
+        "word", "Handoff unit: 'token', 'word' (the paper's) or 'sentence'.", choices=list(GRANULARITIES)
+    )
+    junior_probability: float = _setting(
+        0.5,
+        "Probability in [0, 1] that the junior writes each new unit (paper: 0.5); 0 leaves the senior alone "
+        "(plain GRPO rollouts in training).",
+    )
+    max_gap_tokens: int = _setting(
+        32, "A unit that has lasted this many tokens (>= 1) forces a handoff decision (paper: 32)."
+    )
+
+    def __post_init__(self) -> None:
+        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens, self.handoff_mode)
+        # In TandemGRPOConfig(HandoffSettings, GRPOConfig) the next __post_init__ is GRPOConfig's; alone, none.
+        following = getattr(super(), "__post_init__", None)
+        if following is not None:
+            following()
+
+    @property
+    def handoff_rule(self) -> HandoffRule:
+        """The rule these fields describe, for [`tandem_generate`][tandem_grpo.generation.tandem_generate]."""
+        return HandoffRule.from_config(self)
+
+
+RULE_FIELDS = {
+    "granularity": "handoff_granularity",
+    "junior_probability": "junior_probability",
+    "max_gap_tokens": "max_gap_tokens",
+    "mode": "handoff_mode",
+}
+"""Each [`HandoffRule`][tandem_grpo.handoff.HandoffRule] field and the
+[`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] field it is declared by (the rule's names are shorter)."""
+
+_DECLARED = {f.name: f for f in fields(HandoffSettings)}
+
+
+def _rule_field(name: str):
+    """The ``HandoffRule`` field ``name`` with its setting's default and help."""
+    declared = _DECLARED[RULE_FIELDS[name]]
+    return field(default=declared.default, metadata=declared.metadata)
+
+
 @dataclass(frozen=True)
 class HandoffRule:
-    """Settings of the handoff rule (paper defaults: the authors' rule, word units, p = 0.5, a 32-token cap).
+    """The handoff rule that generation and replay run, with defaults and checks of
+    [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] (the paper's: the authors' rule, word units, p = 0.5,
+    a 32-token cap).
 
     Args:
-        granularity: ``"token"``, ``"word"`` (default) or ``"sentence"``: what a unit is.
+        granularity: ``"token"``, ``"word"`` or ``"sentence"``: what a unit is (``handoff_granularity``).
         junior_probability: chance in [0, 1] that a new unit is written by the junior; 0 = senior alone.
         max_gap_tokens: a unit that has lasted this many tokens (>= 1) forces a handoff decision.
-        mode: ``"after_boundary"`` (default; the paper authors' rule) or ``"whole_unit"`` (each unit written by
-            one author; see docs/method.md, "The two handoff rules").
+        mode: ``"after_boundary"`` (the paper authors' rule) or ``"whole_unit"`` (each unit written by one author;
+            see docs/method.md, "The two handoff rules") (``handoff_mode``).
 
     Raises:
         ValueError: a value outside its range, naming the field.
     """
 
-    granularity: Granularity = "word"
-    junior_probability: float = 0.5
-    max_gap_tokens: int = 32
-    mode: Mode = "after_boundary"
+    granularity: Granularity = _rule_field("granularity")
+    junior_probability: float = _rule_field("junior_probability")
+    max_gap_tokens: int = _rule_field("max_gap_tokens")
+    mode: Mode = _rule_field("mode")
 
     def __post_init__(self) -> None:
         validate_rule_fields(self.granularity, self.junior_probability, self.max_gap_tokens, self.mode)
 
     @classmethod
     def from_config(cls, config) -> HandoffRule:
-        """The rule of a config with ``handoff_granularity``, ``junior_probability``, ``max_gap_tokens`` and
-        (optional, default ``"after_boundary"``) ``handoff_mode``, e.g. ``TandemGRPOConfig`` or ``HandoffFlags``.
+        """The rule of an object with the [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] fields, e.g.
+        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used).
 
         Raises:
             ValueError: a value outside its range, naming the field (checked before any conversion).
         """
-        granularity, probability, max_gap, mode = (
-            config.handoff_granularity,
-            config.junior_probability,
-            config.max_gap_tokens,
-            getattr(config, "handoff_mode", "after_boundary"),
-        )
+        granularity = config.handoff_granularity
+        probability, max_gap = config.junior_probability, config.max_gap_tokens
+        mode = getattr(config, "handoff_mode", _DECLARED["handoff_mode"].default)
         validate_rule_fields(granularity, probability, max_gap, mode)
         return cls(granularity, float(probability), int(max_gap), mode)
 
