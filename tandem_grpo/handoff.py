@@ -231,8 +231,9 @@ class HandoffState:
         next_owner: pre-drawn author of the next unit, long.
         unit_length: tokens in the running unit; 0 before the first completion token, long.
         unit_index: index of the next unit to draw an owner for, long.
-        after_boundary: the previous token ends a unit: a sentence end for ``"whole_unit"`` sentences, the rule's
-            boundary token for ``"after_boundary"`` (so this position draws a coin), bool.
+        unit_ended: the previous token ended the running unit, so this position starts a new one (a forced unit
+            start): a sentence end for ``"whole_unit"`` sentences, the rule's boundary token for ``"after_boundary"``
+            (so this position draws a coin), bool.
         seeds: coin-stream seed of each sequence, long.
     """
 
@@ -240,7 +241,7 @@ class HandoffState:
     next_owner: torch.Tensor
     unit_length: torch.Tensor
     unit_index: torch.Tensor
-    after_boundary: torch.Tensor
+    unit_ended: torch.Tensor
     seeds: torch.Tensor
 
 
@@ -279,7 +280,7 @@ def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
         next_owner=draw_owners(seeds, zeros, rule.junior_probability),
         unit_length=zeros.clone(),
         unit_index=zeros.clone(),
-        after_boundary=torch.zeros_like(seeds, dtype=torch.bool),
+        unit_ended=torch.zeros_like(seeds, dtype=torch.bool),
         seeds=seeds,
     )
 
@@ -288,8 +289,8 @@ def _unit_starts(state: HandoffState, tables: BoundaryTables, rule: HandoffRule)
     """``(table, forced)``: ``B`` is ``table[v] | forced[row]``; ``table`` is empty under ``"after_boundary"``."""
     forced = (state.unit_length == 0) | (state.unit_length >= rule.max_gap_tokens)
     if rule.mode == "after_boundary":
-        return torch.zeros_like(tables.is_eos), forced | state.after_boundary
-    return unit_start_ids(tables, rule), forced | state.after_boundary
+        return torch.zeros_like(tables.is_eos), forced | state.unit_ended
+    return unit_start_ids(tables, rule), forced | state.unit_ended
 
 
 def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
@@ -307,7 +308,7 @@ def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
 
 
 def _ends_unit(tokens: torch.Tensor, tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
-    """Whether each token makes the *next* position a forced unit start (``after_boundary`` of the next state)."""
+    """Whether each token makes the *next* position a forced unit start (``unit_ended`` of the next state)."""
     if rule.mode == "whole_unit":
         ends = tables.ends_sentence[tokens]
         return ends if rule.granularity == "sentence" else torch.zeros_like(ends)
@@ -330,7 +331,7 @@ def mixture_logprobs(
     state: HandoffState,
     boundary: torch.Tensor,
     *,
-    rows: Literal["detect", "masked", "none"] = "detect",
+    sync_strategy: Literal["detect", "masked", "none"] = "detect",
 ) -> torch.Tensor:
     """Log-probabilities of the tandem mixture ``P`` (module docstring) at the current position; truncation
     (top-k/top-p/min-p) comes after, on the mixture.
@@ -341,29 +342,30 @@ def mixture_logprobs(
         junior_logprobs: float ``[B, V]``, the junior's, after the same transforms.
         state: the rule state before this position.
         boundary: bool ``[B, V]`` from [`boundary_mask`][tandem_grpo.handoff.boundary_mask].
-        rows: how the rows reshaped on ``B`` ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]) are found; same
-            values in every mode. ``"detect"`` (default): NaN check and row selection on the host (syncs).
-            ``"masked"``: no sync, no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]),
-            reshaping computed on every row. ``"none"``: no row is reshaped (``"after_boundary"``), no sync or check.
+        sync_strategy: whether and how the call waits on the device to find the rows reshaped on ``B``
+            ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]); same values in every mode. ``"detect"``
+            (default): syncs, for the NaN check and to reshape the switching rows alone. ``"masked"``: no sync,
+            no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]), reshaping computed on
+            every row. ``"none"``: no sync, no check, no row reshaped (right under ``"after_boundary"``).
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
 
     Raises:
         FloatingPointError: either model's log-probabilities hold NaN (NaN or ``+inf`` logits), naming the model
-            (``rows="detect"`` only).
+            (``sync_strategy="detect"`` only).
     """
-    if rows == "detect":
+    if sync_strategy == "detect":
         require_finite_logprobs(senior_logprobs, "senior")
         require_finite_logprobs(junior_logprobs, "junior")
     # Where B is every token, P = p_n: selected, not computed, so a self-paired tandem draws the senior's numbers.
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
-    if rows == "none":
+    if sync_strategy == "none":
         return o_lp
     switching = handoff_rows(state, boundary)
-    if rows == "masked":
+    if sync_strategy == "masked":
         n_lp = torch.where((state.next_owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
         return torch.where(switching.unsqueeze(1), _reshape_on_boundary(o_lp, n_lp, boundary), o_lp)
     if not bool(switching.any()):
@@ -426,7 +428,7 @@ def advance(
         next_owner=torch.where(unit_start, redrawn, state.next_owner),
         unit_length=torch.where(unit_start, torch.ones_like(state.unit_length), state.unit_length + 1),
         unit_index=unit_index,
-        after_boundary=_ends_unit(tokens, tables, rule),
+        unit_ended=_ends_unit(tokens, tables, rule),
         seeds=state.seeds,
     )
     return new_state, authors, unit_start
