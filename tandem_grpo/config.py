@@ -17,9 +17,12 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
     to ``False`` when no CUDA device supports bf16, so the same command runs on a CPU.
 
     Attributes:
-        handoff_mode, handoff_granularity, junior_probability, max_gap_tokens: the handoff rule's settings,
-            inherited from [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] (meaning, defaults, checks);
+        handoff_mode (str): the handoff rule; this and the next three are inherited from
+            [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings], which gives their values, defaults and checks;
             [`handoff_rule`][tandem_grpo.handoff.HandoffSettings.handoff_rule] is the rule they describe.
+        handoff_granularity (str): what a unit is.
+        junior_probability (float): chance that the junior writes a new unit.
+        max_gap_tokens (int): the unit length, in tokens, that forces a handoff decision.
         junior_model_name_or_path (str | None): the frozen junior: a hub id or local path of any causal LM with the
             senior's tokenizer vocabulary. ``None`` (default) is self-pairing: a frozen copy of the senior's
             initial weights.
