@@ -240,7 +240,7 @@ class TandemLogitsProcessor(LogitsProcessor):
             record.owner, record.next_owner, record.unit_length, record.unit_index = (
                 owner, next_owner, unit_length, unit_index
             )  # fmt: skip
-            record.after_boundary = bool(after)
+            record.unit_ended = bool(after)
             record.position = int(self._position[row.slot])
             written = int(self._written[row.slot])
             record.authors = authors[k][: record.position]

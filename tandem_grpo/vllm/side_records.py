@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .processor import TandemLogitsProcessor
 
 MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
-STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
+STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "unit_ended")
 
 
 @dataclass
@@ -58,7 +58,7 @@ class _Record:
     next_owner: int
     unit_length: int = 0
     unit_index: int = 0
-    after_boundary: bool = False
+    unit_ended: bool = False
     position: int = 0  # completion tokens advanced over
     authors: list[int] = field(default_factory=list)
     corrections: list[float] = field(default_factory=list)
@@ -86,7 +86,7 @@ def record_for(extra_args: dict, prompt_len: int) -> _Record:
     state = init_state(torch.tensor([seed]), rule)
     values = torch.stack([getattr(state, name).long() for name in STATE_FIELDS]).tolist()
     record.owner, record.next_owner, record.unit_length, record.unit_index, after = (v[0] for v in values)
-    record.after_boundary = bool(after)
+    record.unit_ended = bool(after)
     _RECORDS[uid] = record
     while len(_RECORDS) > MAX_RECORDS:
         _RECORDS.popitem(last=False)
