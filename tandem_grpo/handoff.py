@@ -159,7 +159,7 @@ def validate_rule_fields(
     if mode not in MODES:
         raise ValueError(
             f"handoff_mode={mode!r} is not supported; use 'after_boundary' (the paper authors' rule, default) or "
-            "'whole_unit' (each word written by one model)."
+            "'whole_unit' (each unit written by one model)."
         )
     if granularity not in GRANULARITIES:
         raise ValueError(f"handoff_granularity={granularity!r} is not supported; use one of {GRANULARITIES}.")
