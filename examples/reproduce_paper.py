@@ -33,6 +33,7 @@ from paper_study.report import build_report, committed_pieces
 from tandem_grpo import TandemGRPOConfig
 from tandem_grpo.cli import usage_errors
 from tandem_grpo.data import BUILTIN_TASKS, INSTRUCTIONS
+from tandem_grpo.evaluation.config import SCHEDULES
 from tandem_grpo.script_parser import ScriptParser
 
 PROG = "reproduce_paper.py"
@@ -86,7 +87,8 @@ class StudyArguments:
     eval_backend: str | None = field(default=None, metadata={"help": "Evaluation backend: transformers or vllm. "
                                      "Default: the preset's."})  # fmt: skip
     eval_schedules: list[str] | None = field(default=None, metadata={"help": "Handoff schedules of the evaluation "
-                                             "(alternating, word, steps). Default: the preset's."})  # fmt: skip
+                                             "(alternating, word: the training rule at any granularity, steps). "
+                                             "Default: the preset's."})  # fmt: skip
     eval_temperature: float | None = field(default=None, metadata={"help": "Evaluation sampling temperature. "
                                            "Default: the preset's (none: the training's)."})  # fmt: skip
     eval_top_p: float | None = field(default=None, metadata={"help": "Evaluation top-p. Default: the preset's "
@@ -202,8 +204,8 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
     if training.reward_weights is not None and len(training.reward_weights) != 2:
         raise ValueError(f"--reward_weights {training.reward_weights}: give two weights, for the accuracy and "
                          "format_reward (1 0: the paper's binary reward, the format reward only logged).")  # fmt: skip
-    if study.eval_schedules and not set(study.eval_schedules) <= {"alternating", "word", "steps"}:
-        raise ValueError(f"--eval_schedules {study.eval_schedules}: choose from alternating, word, steps.")
+    if study.eval_schedules and not set(study.eval_schedules) <= set(SCHEDULES):
+        raise ValueError(f"--eval_schedules {study.eval_schedules}: choose from {', '.join(SCHEDULES)}.")
     if study.num_problems is not None and study.num_problems < 1:
         raise ValueError(f"--num_problems {study.num_problems}: must be >= 1.")
     if training.max_steps is None or training.max_steps < 1:

@@ -7,23 +7,22 @@ from dataclasses import dataclass, field, fields
 import torch
 from trl import GRPOConfig
 
-from .handoff import HandoffRule, validate_rule_fields
+from .handoff import HandoffSettings
 
 
 @dataclass
-class TandemGRPOConfig(GRPOConfig):
+class TandemGRPOConfig(HandoffSettings, GRPOConfig):
     """TRL's ``GRPOConfig`` plus the tandem fields of paper section 3 and its ablations, for
     [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer]. Unlike ``GRPOConfig``, ``bf16`` left unset resolves
     to ``False`` when no CUDA device supports bf16, so the same command runs on a CPU.
 
     Attributes:
-        handoff_mode (str): ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary
-            token) or ``"whole_unit"`` (each unit written by one model); see docs/method.md, "The two handoff rules".
-        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or ``"sentence"``.
-        junior_probability (float): chance in [0, 1] that the junior writes a new unit (default 0.5, the paper's);
-            ``0`` gives plain GRPO rollouts.
-        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, the
-            paper's).
+        handoff_mode (str): the handoff rule; this and the next three are inherited from
+            [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings], which gives their values, defaults and checks;
+            [`handoff_rule`][tandem_grpo.handoff.HandoffSettings.handoff_rule] is the rule they describe.
+        handoff_granularity (str): what a unit is.
+        junior_probability (float): chance that the junior writes a new unit.
+        max_gap_tokens (int): the unit length, in tokens, that forces a handoff decision.
         junior_model_name_or_path (str | None): the frozen junior: a hub id or local path of any causal LM with the
             senior's tokenizer vocabulary. ``None`` (default) is self-pairing: a frozen copy of the senior's
             initial weights.
@@ -42,29 +41,6 @@ class TandemGRPOConfig(GRPOConfig):
             whose ratios that truncation biases below 1 (huggingface/trl#6789).
     """
 
-    handoff_mode: str = field(
-        default="after_boundary",
-        metadata={
-            "help": "Handoff rule: 'after_boundary' (default, the paper authors': a coin after each boundary token) "
-            "or 'whole_unit' (each word written by one model).",
-            "choices": ["after_boundary", "whole_unit"],
-        },
-    )
-    handoff_granularity: str = field(
-        default="word",
-        metadata={
-            "help": "Handoff unit: 'token', 'word' (default, as in the paper) or 'sentence'.",
-            "choices": ["token", "word", "sentence"],
-        },
-    )
-    junior_probability: float = field(
-        default=0.5,
-        metadata={"help": "Probability in [0, 1] that the junior writes each new unit (paper: 0.5). 0 = plain GRPO."},
-    )
-    max_gap_tokens: int = field(
-        default=32,
-        metadata={"help": "A unit that has lasted this many tokens (>= 1) forces a handoff decision (paper: 32)."},
-    )
     junior_model_name_or_path: str | None = field(
         default=None,
         metadata={
@@ -93,7 +69,7 @@ class TandemGRPOConfig(GRPOConfig):
     )
 
     def __post_init__(self) -> None:
-        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens, self.handoff_mode)
+        # The handoff settings are checked by HandoffSettings.__post_init__, the next in the MRO (super() below).
         weight = self.junior_token_loss_weight
         if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not weight >= 0:
             raise ValueError(f"junior_token_loss_weight={weight!r} must be a number >= 0.")
@@ -176,11 +152,6 @@ class TandemGRPOConfig(GRPOConfig):
         values = {f.name: getattr(config, f.name) for f in fields(source) if f.init}
         values.pop("generation_batch_size")
         return cls(**{**values, **tandem_fields})
-
-    @property
-    def handoff_rule(self) -> HandoffRule:
-        """The rule these fields describe, for [`tandem_generate`][tandem_grpo.generation.tandem_generate]."""
-        return HandoffRule.from_config(self)
 
 
 def _truncation(config: GRPOConfig) -> str:

@@ -18,7 +18,7 @@ exact policy gradient: docs/method.md, "The two handoff rules".
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Literal
 
 import torch
@@ -35,43 +35,119 @@ _SENTENCE_END = (".", "!", "?", "\n")
 _MASK32 = 0xFFFFFFFF
 
 
+def _setting(default, help: str, **metadata):  # noqa: A002 - HfArgumentParser's metadata key
+    """A field of [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings]; ``help`` is what ``--help`` prints."""
+    return field(default=default, metadata={"help": help, **metadata})
+
+
+@dataclass
+class HandoffSettings:
+    """The handoff rule's settings as users name them: the one declaration of their names, defaults, help texts and
+    checks. [`TandemGRPOConfig`][tandem_grpo.config.TandemGRPOConfig] inherits these fields, ``tandem-grpo
+    evaluate`` parses them as its flags (``--junior_probability`` ...), and
+    [`HandoffRule`][tandem_grpo.handoff.HandoffRule] takes its defaults from them
+    ([`RULE_FIELDS`][tandem_grpo.handoff.RULE_FIELDS] pairs the names).
+
+    Attributes:
+        handoff_mode (str): ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary
+            token) or ``"whole_unit"`` (each unit written by one model); see docs/method.md, "The two handoff
+            rules".
+        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or
+            ``"sentence"``.
+        junior_probability (float): chance in [0, 1] that the junior writes a new unit (default 0.5, the paper's);
+            ``0`` leaves the senior alone (plain GRPO rollouts in training).
+        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, the
+            paper's).
+
+    Raises:
+        ValueError: a value outside its range, naming the field, the value and the range.
+    """
+
+    handoff_mode: str = _setting(
+        "after_boundary",
+        "Handoff rule: 'after_boundary' (the paper authors': a coin after each boundary token) or 'whole_unit' "
+        "(each unit written by one model).",
+        choices=list(MODES),
+    )
+    handoff_granularity: str = _setting(
+        "word", "Handoff unit: 'token', 'word' (the paper's) or 'sentence'.", choices=list(GRANULARITIES)
+    )
+    junior_probability: float = _setting(
+        0.5,
+        "Probability in [0, 1] that the junior writes each new unit (paper: 0.5); 0 leaves the senior alone "
+        "(plain GRPO rollouts in training).",
+    )
+    max_gap_tokens: int = _setting(
+        32, "A unit that has lasted this many tokens (>= 1) forces a handoff decision (paper: 32)."
+    )
+
+    def __post_init__(self) -> None:
+        validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens, self.handoff_mode)
+        # In TandemGRPOConfig(HandoffSettings, GRPOConfig) the next __post_init__ is GRPOConfig's; alone, none.
+        following = getattr(super(), "__post_init__", None)
+        if following is not None:
+            following()
+
+    @property
+    def handoff_rule(self) -> HandoffRule:
+        """The rule these fields describe, for [`tandem_generate`][tandem_grpo.generation.tandem_generate]."""
+        return HandoffRule.from_config(self)
+
+
+RULE_FIELDS = {
+    "granularity": "handoff_granularity",
+    "junior_probability": "junior_probability",
+    "max_gap_tokens": "max_gap_tokens",
+    "mode": "handoff_mode",
+}
+"""Each [`HandoffRule`][tandem_grpo.handoff.HandoffRule] field and the
+[`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] field it is declared by (the rule's names are shorter)."""
+
+_DECLARED = {f.name: f for f in fields(HandoffSettings)}
+
+
+def _rule_field(name: str):
+    """The ``HandoffRule`` field ``name`` with its setting's default and help."""
+    declared = _DECLARED[RULE_FIELDS[name]]
+    return field(default=declared.default, metadata=declared.metadata)
+
+
 @dataclass(frozen=True)
 class HandoffRule:
-    """Settings of the handoff rule (paper defaults: the authors' rule, word units, p = 0.5, a 32-token cap).
+    """The handoff rule that generation and replay run, with defaults and checks of
+    [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] (the paper's: the authors' rule, word units, p = 0.5,
+    a 32-token cap).
 
     Args:
-        granularity: ``"token"``, ``"word"`` (default) or ``"sentence"``: what a unit is.
+        granularity: ``"token"``, ``"word"`` or ``"sentence"``: what a unit is (``handoff_granularity``).
         junior_probability: chance in [0, 1] that a new unit is written by the junior; 0 = senior alone.
         max_gap_tokens: a unit that has lasted this many tokens (>= 1) forces a handoff decision.
-        mode: ``"after_boundary"`` (default; the paper authors' rule) or ``"whole_unit"`` (each unit written by
-            one author; see docs/method.md, "The two handoff rules").
+        mode: ``"after_boundary"`` (the paper authors' rule) or ``"whole_unit"`` (each unit written by one author;
+            see docs/method.md, "The two handoff rules") (``handoff_mode``).
 
     Raises:
         ValueError: a value outside its range, naming the field.
     """
 
-    granularity: Granularity = "word"
-    junior_probability: float = 0.5
-    max_gap_tokens: int = 32
-    mode: Mode = "after_boundary"
+    granularity: Granularity = _rule_field("granularity")
+    junior_probability: float = _rule_field("junior_probability")
+    max_gap_tokens: int = _rule_field("max_gap_tokens")
+    mode: Mode = _rule_field("mode")
 
     def __post_init__(self) -> None:
         validate_rule_fields(self.granularity, self.junior_probability, self.max_gap_tokens, self.mode)
 
     @classmethod
     def from_config(cls, config) -> HandoffRule:
-        """The rule of a config with ``handoff_granularity``, ``junior_probability``, ``max_gap_tokens`` and
-        (optional, default ``"after_boundary"``) ``handoff_mode``, e.g. ``TandemGRPOConfig`` or ``HandoffFlags``.
+        """The rule of an object with the [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] fields, e.g.
+        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used).
 
         Raises:
             ValueError: a value outside its range, naming the field (checked before any conversion).
         """
-        granularity, probability, max_gap, mode = (
-            config.handoff_granularity,
-            config.junior_probability,
-            config.max_gap_tokens,
-            getattr(config, "handoff_mode", "after_boundary"),
-        )
+        granularity = config.handoff_granularity
+        probability, max_gap = config.junior_probability, config.max_gap_tokens
+        mode = getattr(config, "handoff_mode", _DECLARED["handoff_mode"].default)
         validate_rule_fields(granularity, probability, max_gap, mode)
         return cls(granularity, float(probability), int(max_gap), mode)
 
@@ -83,7 +159,7 @@ def validate_rule_fields(
     if mode not in MODES:
         raise ValueError(
             f"handoff_mode={mode!r} is not supported; use 'after_boundary' (the paper authors' rule, default) or "
-            "'whole_unit' (each word written by one model)."
+            "'whole_unit' (each unit written by one model)."
         )
     if granularity not in GRANULARITIES:
         raise ValueError(f"handoff_granularity={granularity!r} is not supported; use one of {GRANULARITIES}.")
@@ -155,8 +231,9 @@ class HandoffState:
         next_owner: pre-drawn author of the next unit, long.
         unit_length: tokens in the running unit; 0 before the first completion token, long.
         unit_index: index of the next unit to draw an owner for, long.
-        after_boundary: the previous token ends a unit: a sentence end for ``"whole_unit"`` sentences, the rule's
-            boundary token for ``"after_boundary"`` (so this position draws a coin), bool.
+        unit_ended: the previous token ended the running unit, so this position starts a new one (a forced unit
+            start): a sentence end for ``"whole_unit"`` sentences, the rule's boundary token for ``"after_boundary"``
+            (so this position draws a coin), bool.
         seeds: coin-stream seed of each sequence, long.
     """
 
@@ -164,7 +241,7 @@ class HandoffState:
     next_owner: torch.Tensor
     unit_length: torch.Tensor
     unit_index: torch.Tensor
-    after_boundary: torch.Tensor
+    unit_ended: torch.Tensor
     seeds: torch.Tensor
 
 
@@ -203,7 +280,7 @@ def init_state(seeds: torch.Tensor, rule: HandoffRule) -> HandoffState:
         next_owner=draw_owners(seeds, zeros, rule.junior_probability),
         unit_length=zeros.clone(),
         unit_index=zeros.clone(),
-        after_boundary=torch.zeros_like(seeds, dtype=torch.bool),
+        unit_ended=torch.zeros_like(seeds, dtype=torch.bool),
         seeds=seeds,
     )
 
@@ -212,8 +289,8 @@ def _unit_starts(state: HandoffState, tables: BoundaryTables, rule: HandoffRule)
     """``(table, forced)``: ``B`` is ``table[v] | forced[row]``; ``table`` is empty under ``"after_boundary"``."""
     forced = (state.unit_length == 0) | (state.unit_length >= rule.max_gap_tokens)
     if rule.mode == "after_boundary":
-        return torch.zeros_like(tables.is_eos), forced | state.after_boundary
-    return unit_start_ids(tables, rule), forced | state.after_boundary
+        return torch.zeros_like(tables.is_eos), forced | state.unit_ended
+    return unit_start_ids(tables, rule), forced | state.unit_ended
 
 
 def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
@@ -231,7 +308,7 @@ def unit_start_ids(tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
 
 
 def _ends_unit(tokens: torch.Tensor, tables: BoundaryTables, rule: HandoffRule) -> torch.Tensor:
-    """Whether each token makes the *next* position a forced unit start (``after_boundary`` of the next state)."""
+    """Whether each token makes the *next* position a forced unit start (``unit_ended`` of the next state)."""
     if rule.mode == "whole_unit":
         ends = tables.ends_sentence[tokens]
         return ends if rule.granularity == "sentence" else torch.zeros_like(ends)
@@ -254,7 +331,7 @@ def mixture_logprobs(
     state: HandoffState,
     boundary: torch.Tensor,
     *,
-    rows: Literal["detect", "masked", "none"] = "detect",
+    sync_strategy: Literal["detect", "masked", "none"] = "detect",
 ) -> torch.Tensor:
     """Log-probabilities of the tandem mixture ``P`` (module docstring) at the current position; truncation
     (top-k/top-p/min-p) comes after, on the mixture.
@@ -265,29 +342,30 @@ def mixture_logprobs(
         junior_logprobs: float ``[B, V]``, the junior's, after the same transforms.
         state: the rule state before this position.
         boundary: bool ``[B, V]`` from [`boundary_mask`][tandem_grpo.handoff.boundary_mask].
-        rows: how the rows reshaped on ``B`` ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]) are found; same
-            values in every mode. ``"detect"`` (default): NaN check and row selection on the host (syncs).
-            ``"masked"``: no sync, no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]),
-            reshaping computed on every row. ``"none"``: no row is reshaped (``"after_boundary"``), no sync or check.
+        sync_strategy: whether and how the call waits on the device to find the rows reshaped on ``B``
+            ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]); same values in every mode. ``"detect"``
+            (default): syncs, for the NaN check and to reshape the switching rows alone. ``"masked"``: no sync,
+            no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]), reshaping computed on
+            every row. ``"none"``: no sync, no check, no row reshaped (right under ``"after_boundary"``).
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
 
     Raises:
         FloatingPointError: either model's log-probabilities hold NaN (NaN or ``+inf`` logits), naming the model
-            (``rows="detect"`` only).
+            (``sync_strategy="detect"`` only).
     """
-    if rows == "detect":
+    if sync_strategy == "detect":
         require_finite_logprobs(senior_logprobs, "senior")
         require_finite_logprobs(junior_logprobs, "junior")
     # Where B is every token, P = p_n: selected, not computed, so a self-paired tandem draws the senior's numbers.
     whole = boundary.all(dim=-1)
     writer = torch.where(whole, state.next_owner, state.owner)
     o_lp = torch.where((writer == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
-    if rows == "none":
+    if sync_strategy == "none":
         return o_lp
     switching = handoff_rows(state, boundary)
-    if rows == "masked":
+    if sync_strategy == "masked":
         n_lp = torch.where((state.next_owner == SENIOR).unsqueeze(1), senior_logprobs, junior_logprobs)
         return torch.where(switching.unsqueeze(1), _reshape_on_boundary(o_lp, n_lp, boundary), o_lp)
     if not bool(switching.any()):
@@ -350,7 +428,7 @@ def advance(
         next_owner=torch.where(unit_start, redrawn, state.next_owner),
         unit_length=torch.where(unit_start, torch.ones_like(state.unit_length), state.unit_length + 1),
         unit_index=unit_index,
-        after_boundary=_ends_unit(tokens, tables, rule),
+        unit_ended=_ends_unit(tokens, tables, rule),
         seeds=state.seeds,
     )
     return new_state, authors, unit_start

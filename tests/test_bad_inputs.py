@@ -241,7 +241,8 @@ CATALOGUE: list[Entry] = [
           2, r"^tandem-grpo evaluate: error: .*missing\.jsonl", _command(*EVALUATE, "--dataset",
                                                                          "missing.jsonl")),
     Entry("tandem-grpo evaluate", "`--handoff_mode per_word`", "one `error:` line naming both modes, exit status 2",
-          2, r"^tandem-grpo evaluate: error: --handoff_mode='per_word'.*'after_boundary'.*'whole_unit'",
+          2, r"^tandem-grpo evaluate: error: argument --handoff_mode.*invalid choice: 'per_word'.*'after_boundary'.*"
+          r"'whole_unit'",
           _command(*EVALUATE, "--handoff_mode", "per_word")),
     Entry("tandem-grpo evaluate", "`--preset fast`", "one `error:` line listing the presets, exit status 2",
           2, r"^tandem-grpo evaluate: error: --preset 'fast': no such preset; choose one of: paper\.$",

@@ -20,7 +20,7 @@ from tandem_grpo.evaluation.schedules import (
     alternating_schedule,
     handover_token_index,
     step_schedule,
-    word_handoff_schedule,
+    training_rule_schedule,
 )
 from tandem_grpo.handoff import BoundaryTables, HandoffRule, replay_authorship
 from tandem_grpo.sampling import SamplingSettings, default_eos_token_ids, derive_seed
@@ -180,7 +180,7 @@ def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
     cap = 20
     rule = HandoffRule("word", 0.5)
     backend = TransformersBackend(senior, tok, batch_size=2, eos_token_ids=[EOS], show_progress=False, junior=junior)
-    out = word_handoff_schedule(backend, prompts, SamplingSettings(), rule, max_new_tokens=cap, seed=7)
+    out = training_rule_schedule(backend, prompts, SamplingSettings(), rule, max_new_tokens=cap, seed=7)
     assert out.name == "word_p0.5" and out.settings["backend"] == "transformers"
     with pytest.raises(ValueError, match="no junior"):
         TransformersBackend(senior, tok, eos_token_ids=[EOS]).tandem(
@@ -200,7 +200,7 @@ def test_word_schedule_authorship_follows_the_rule(tok, senior, junior):
 @pytest.mark.parametrize(("p", "author"), [(0.0, 1), (1.0, 0)])
 def test_word_schedule_extremes(tok, senior, junior, p, author):
     backend = TransformersBackend(senior, tok, eos_token_ids=[EOS], show_progress=False, junior=junior)
-    out = word_handoff_schedule(backend, [encode(tok, "Hello there")], SamplingSettings(), HandoffRule("word", p),
+    out = training_rule_schedule(backend, [encode(tok, "Hello there")], SamplingSettings(), HandoffRule("word", p),
                                 max_new_tokens=8)  # fmt: skip
     assert set(out.authorship[0]) == {author}
 

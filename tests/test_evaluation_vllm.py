@@ -22,7 +22,7 @@ from tandem_grpo.evaluation.cli import main  # noqa: E402
 from tandem_grpo.evaluation.schedules import (  # noqa: E402
     alternating_schedule,
     step_schedule,
-    word_handoff_schedule,
+    training_rule_schedule,
 )
 from tandem_grpo.handoff import HandoffRule  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings  # noqa: E402
@@ -96,7 +96,7 @@ def test_training_rule_and_prefix_continuation_on_the_engine(engine, smollm2_pat
     senior = VLLMBackend(engine, smollm2_path, is_junior=False)
     junior = VLLMBackend(engine, smollm2_path, is_junior=True)
     rows, cap = [prompt] * 8, 24
-    word = word_handoff_schedule(senior, rows, SamplingSettings(), HandoffRule("word", 0.5), max_new_tokens=cap)
+    word = training_rule_schedule(senior, rows, SamplingSettings(), HandoffRule("word", 0.5), max_new_tokens=cap)
     assert word.name == "word_p0.5" and word.settings["backend"] == "vllm"
     assert all(len(a) == len(c) <= cap for a, c in zip(word.authorship, word.completion_ids, strict=True))
     authors = {a for row in word.authorship for a in row}

@@ -155,7 +155,7 @@ def test_state_layout_round_trips_between_state_tensor_and_record():
         next_owner=torch.tensor([0, 1]),
         unit_length=torch.tensor([3, 7]),
         unit_index=torch.tensor([2, 9]),
-        after_boundary=torch.tensor([True, False]),
+        unit_ended=torch.tensor([True, False]),
         seeds=torch.tensor([11, 12]),
     )
     packed = pack_state(state)
@@ -166,7 +166,7 @@ def test_state_layout_round_trips_between_state_tensor_and_record():
     record = _Record(uid="u", seed=12, rule=HandoffRule("word"), prompt_len=1, owner=1, next_owner=1)
     record.set_state_row(packed[1].tolist())
     assert (record.owner, record.next_owner, record.unit_length, record.unit_index) == (0, 1, 7, 9)
-    assert record.after_boundary is False and record.state_row() == packed[1].tolist()
+    assert record.unit_ended is False and record.state_row() == packed[1].tolist()
 
 
 def test_processor_resumes_a_preempted_request(tiny_tokenizer):

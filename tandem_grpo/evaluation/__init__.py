@@ -12,7 +12,7 @@ from .backends import GenerationBackend, TransformersBackend, create_backend
 from .config import EvaluationConfig, EvaluationError
 from .junior_legibility import legibility
 from .runner import evaluate
-from .schedules import ScheduleOutput, alternating_schedule, step_schedule, word_handoff_schedule
+from .schedules import ScheduleOutput, alternating_schedule, step_schedule, training_rule_schedule
 from .solo import capability, pass_at_k_curve
 from .stats import bootstrap_mean, pass_at_k
 from .steps import handover_region, prefix_end, split_steps, step_spans
@@ -36,5 +36,5 @@ __all__ = [
     "split_steps",
     "step_schedule",
     "step_spans",
-    "word_handoff_schedule",
+    "training_rule_schedule",
 ]

@@ -18,7 +18,7 @@ import sys
 
 from transformers import HfArgumentParser
 
-from ..handoff import HandoffRule
+from ..handoff import HandoffSettings
 from ..sampling import SamplingSettings
 from .runner import MEASUREMENTS, EvaluationConfig, EvaluationError, evaluate
 
@@ -34,27 +34,9 @@ SAMPLING_HELP = {
 """``--help`` texts of the [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] flags (the class carries no
 field metadata)."""
 
-
-@dataclasses.dataclass
-class HandoffFlags:
-    """The flags of [`EvaluationConfig.handoff`][tandem_grpo.evaluation.config.EvaluationConfig], named and
-    defaulted as the training config's (``TandemGRPOConfig``);
-    [`HandoffRule.from_config`][tandem_grpo.handoff.HandoffRule.from_config] turns them into the rule."""
-
-    junior_probability: float = dataclasses.field(
-        default=0.5, metadata={"help": "Junior share p of the training-rule (word handoff) schedule."}
-    )
-    handoff_mode: str = dataclasses.field(
-        default="after_boundary",
-        metadata={"help": "Handoff rule of the training-rule schedule: after_boundary (the paper authors') or "
-                  "whole_unit."},
-    )  # fmt: skip
-    handoff_granularity: str = dataclasses.field(
-        default="word", metadata={"help": "Handoff unit of the training-rule schedule: word, sentence or token."}
-    )
-    max_gap_tokens: int = dataclasses.field(
-        default=32, metadata={"help": "Longest run without a handoff boundary in the training-rule schedule."}
-    )
+HANDOFF_HELP_SUFFIX = " Here: the rule of the training-rule schedule (--schedules word)."
+"""Appended to the help of each [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] flag, whose text is the
+training config's."""
 
 
 class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
@@ -69,18 +51,19 @@ class _HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):
 class EvaluateParser(HfArgumentParser):
     """``HfArgumentParser`` over [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig],
     [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] and
-    [`HandoffFlags`][tandem_grpo.evaluation.cli.HandoffFlags]: one flag per field, named as the field, help from the
+    [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings]: one flag per field, named as the field, help from the
     field's metadata, defaults from the dataclass.
 
     Beyond a plain ``HfArgumentParser``: the nested ``sampling`` and ``handoff`` fields are flags of their own
-    fields (the rule's under the training config's names); ``--skip MEASUREMENT ...`` and ``--no_progress``; and
+    fields (the rule's under the training config's names, declared once in ``HandoffSettings``);
+    ``--skip MEASUREMENT ...`` and ``--no_progress``; and
     [`error`][tandem_grpo.evaluation.cli.EvaluateParser.error] raises
     [`EvaluationError`][tandem_grpo.evaluation.config.EvaluationError], so every usage error is one ``error:`` line.
     """
 
     def __init__(self, prog: str = PROG) -> None:
         super().__init__(
-            (EvaluationConfig, SamplingSettings, HandoffFlags),
+            (EvaluationConfig, SamplingSettings, HandoffSettings),
             prog=prog,
             allow_abbrev=False,  # a shortened flag is refused, as in the example scripts (tandem_grpo.script_parser)
             formatter_class=_HelpFormatter,
@@ -88,9 +71,12 @@ class EvaluateParser(HfArgumentParser):
             "drift and legibility to the junior (Tandem RL, arXiv 2606.28166, section 5) and write results.json, "
             "plots and an authorship view.",
         )
+        handoff_flags = {f.name for f in dataclasses.fields(HandoffSettings)}
         for action in self._actions:
             if action.dest in SAMPLING_HELP:
                 action.help = SAMPLING_HELP[action.dest]
+            elif action.dest in handoff_flags:
+                action.help += HANDOFF_HELP_SUFFIX
             elif action.dest == "show_progress":  # HfArgumentParser makes two flags; --no_progress is the one shown
                 action.help = argparse.SUPPRESS
         self.add_argument("--skip", nargs="+", default=[], choices=MEASUREMENTS, help="Measurements to leave out.")
@@ -98,7 +84,7 @@ class EvaluateParser(HfArgumentParser):
 
     @staticmethod
     def _parse_dataclass_field(parser, field: dataclasses.Field) -> None:
-        # EvaluationConfig.sampling and .handoff: parsed as SamplingSettings' and HandoffFlags' own flags.
+        # EvaluationConfig.sampling and .handoff: parsed as SamplingSettings' and HandoffSettings' own flags.
         if dataclasses.is_dataclass(field.type):
             return
         HfArgumentParser._parse_dataclass_field(parser, field)
@@ -137,8 +123,8 @@ class EvaluateParser(HfArgumentParser):
         skip = values.pop("skip")
         try:
             sampling = SamplingSettings(**{f.name: values.pop(f.name) for f in dataclasses.fields(SamplingSettings)})
-            flags = HandoffFlags(**{f.name: values.pop(f.name) for f in dataclasses.fields(HandoffFlags)})
-            handoff = HandoffRule.from_config(flags)
+            settings = HandoffSettings(**{f.name: values.pop(f.name) for f in dataclasses.fields(HandoffSettings)})
+            handoff = settings.handoff_rule
         except ValueError as err:
             raise EvaluationError(f"--{err}") from err
         config = EvaluationConfig(**values, sampling=sampling, handoff=handoff)

@@ -23,7 +23,7 @@ MEASUREMENTS = ("handoff", "drift", "legibility")
 SCHEDULES = ("alternating", "word", "steps")
 """The handoff schedules of ``--schedules``: the paper's protocol
 ([`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]), the training rule
-([`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]) and the step grid
+([`training_rule_schedule`][tandem_grpo.evaluation.schedules.training_rule_schedule]) and the step grid
 ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule])."""
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
 

@@ -32,7 +32,14 @@ from .inputs import check_senior_slot, check_vocabularies, load_problems, render
 from .inputs import score as _score  # one name for the verdicts of every measurement (tests replace it)
 from .junior_legibility import legibility, legibility_block, paired_difference
 from .report import RESULTS_FILE, attach_per_completion, authorship_views, sample_records, write_report
-from .schedules import ScheduleOutput, alternating_schedule, authorship_shares, step_schedule, word_handoff_schedule
+from .schedules import (
+    TRAINING_RULE_SCHEDULE,
+    ScheduleOutput,
+    alternating_schedule,
+    authorship_shares,
+    step_schedule,
+    training_rule_schedule,
+)
 from .solo import capability, capability_by_benchmark, pass_at_k_curve
 from .stats import by_problem
 
@@ -340,15 +347,15 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
                     desc=f"alternating {name}",
                 )
             )
-        if "word" in config.schedules:
+        if TRAINING_RULE_SCHEDULE in config.schedules:
             outputs.append(
-                word_handoff_schedule(
+                training_rule_schedule(
                     senior.backend,
                     run.rows,
                     config.sampling,
                     rule,
                     max_new_tokens=config.max_new_tokens,
-                    seed=derive_seed(config.seed, "word", senior.path),
+                    seed=derive_seed(config.seed, TRAINING_RULE_SCHEDULE, senior.path),
                     desc=f"tandem {rule.granularity} p={rule.junior_probability:g} {name}",
                 )
             )

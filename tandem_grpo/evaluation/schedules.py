@@ -1,6 +1,7 @@
 """Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
 
-(a) [`word_handoff_schedule`][tandem_grpo.evaluation.schedules.word_handoff_schedule]: the training rule itself.
+(a) [`training_rule_schedule`][tandem_grpo.evaluation.schedules.training_rule_schedule]: the training rule itself
+    (``--schedules word``, at any granularity).
 (b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
     ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end (senior first, and the mirror).
 (c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's protocol (the
@@ -35,7 +36,7 @@ class ScheduleOutput:
         authorship: same shapes as ``completion_ids``; 1 = senior wrote the token, 0 = junior.
         handed_over: for step schedules, whether the row was continued by the second model (``False``: the first
             model's completion had ``s`` steps or fewer and stands unchanged); for the alternating schedule, whether
-            the junior wrote any of it; ``None`` for the word rule.
+            the junior wrote any of it; ``None`` for the training rule.
         settings: what produced the completions (for ``results.json``).
         turns: for the alternating schedule, the number of turns (steps) of each row; ``None`` otherwise.
     """
@@ -59,13 +60,20 @@ class ScheduleOutput:
         return 1.0 - sum(self.handed_over) / len(self.handed_over) if self.handed_over else float("nan")
 
 
-def word_schedule_name(rule: HandoffRule) -> str:
-    """``"<granularity>_p<junior_probability>"``, e.g. ``"word_p0.5"``."""
+TRAINING_RULE_SCHEDULE = "word"
+"""The ``--schedules`` value of [`training_rule_schedule`][tandem_grpo.evaluation.schedules.training_rule_schedule],
+whatever the rule's granularity. Named after the paper's word units; kept, with ``results.json``'s ``"kind":
+"word_handoff"``, because command lines and committed results carry it."""
+
+
+def training_rule_schedule_name(rule: HandoffRule) -> str:
+    """The results key of the training-rule schedule: ``"<granularity>_p<junior_probability>"``, e.g.
+    ``"word_p0.5"``."""
     return f"{rule.granularity}_p{rule.junior_probability:g}"
 
 
 @torch.no_grad()
-def word_handoff_schedule(
+def training_rule_schedule(
     backend: GenerationBackend,
     prompts: Sequence[Sequence[int]],
     sampling: SamplingSettings,
@@ -80,13 +88,15 @@ def word_handoff_schedule(
     Returns its [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
     settings = {
-        "kind": "word_handoff",
+        "kind": "word_handoff",  # a serialized value: committed results.json files carry it
         "granularity": rule.granularity,
         "junior_probability": rule.junior_probability,
         "max_gap_tokens": rule.max_gap_tokens,
         "backend": backend.name,
     }
-    return ScheduleOutput(word_schedule_name(rule), rollout.completion_ids, rollout.authorship, settings=settings)
+    return ScheduleOutput(
+        training_rule_schedule_name(rule), rollout.completion_ids, rollout.authorship, settings=settings
+    )
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:

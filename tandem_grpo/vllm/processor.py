@@ -412,7 +412,8 @@ class TandemLogitsProcessor(LogitsProcessor):
         self._nonfinite |= nonfinite_flags(senior_lp, junior_lp)
         boundary = boundary_mask(state, tables, rule)
         whole_unit = rule.mode == "whole_unit"
-        mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, rows="masked" if whole_unit else "none")
+        sync = "masked" if whole_unit else "none"
+        mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy=sync)
 
         if whole_unit:
             # Rows where B is a proper subset and the owner may change: there the senior's term differs from vLLM's

@@ -26,6 +26,7 @@ TOP_K_KEY = "tandem_top_k"
 TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
+_DEFAULT_RULE = HandoffRule()  # a key left out of the extra args takes the rule's default (HandoffSettings')
 
 
 def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
@@ -61,10 +62,10 @@ def is_tandem_request(params: SamplingParams) -> bool:
 
 def rule_from_extra_args(extra_args: dict) -> HandoffRule:
     return HandoffRule(
-        granularity=extra_args.get(GRANULARITY_KEY, "word"),
-        junior_probability=float(extra_args.get(PROBABILITY_KEY, 0.5)),
-        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, 32)),
-        mode=extra_args.get(MODE_KEY, "after_boundary"),
+        granularity=extra_args.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
+        junior_probability=float(extra_args.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability)),
+        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens)),
+        mode=extra_args.get(MODE_KEY, _DEFAULT_RULE.mode),
     )
 
 
@@ -104,10 +105,10 @@ def validate_tandem_params(params: SamplingParams) -> None:
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
     validate_rule_fields(
-        extra.get(GRANULARITY_KEY, "word"),
-        extra.get(PROBABILITY_KEY, 0.5),
-        extra.get(MAX_GAP_KEY, 32),
-        extra.get(MODE_KEY, "after_boundary"),
+        extra.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
+        extra.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability),
+        extra.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens),
+        extra.get(MODE_KEY, _DEFAULT_RULE.mode),
     )
     if params.n != 1:
         raise ValueError(

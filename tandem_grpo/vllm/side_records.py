@@ -10,7 +10,7 @@ mixture mass the truncation kept (1 without truncation). The records:
 - ``corrections[t]``: ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t`` (``B`` not every
   token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, so
   ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
-  ``P = p_s`` (every position of ``after_boundary``).
+  ``P = p_s`` (every position under the ``after_boundary`` mode).
 - ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
   only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere. It carries no
   ``- log Z_t``: under truncation (top-k/top-p/min-p; off by default) TRL's importance ratio at these positions
@@ -36,10 +36,10 @@ from .request_args import SEED_KEY, UID_KEY, rule_from_extra_args
 
 MAX_RECORDS = 1 << 16  # finished-but-unread requests kept before the oldest are dropped
 
-STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "after_boundary")
+STATE_FIELDS = ("owner", "next_owner", "unit_length", "unit_index", "unit_ended")
 """The layout of a request's rule state wherever it is stored as numbers: column ``i`` of the processor's long
 state tensor ``[rows, len(STATE_FIELDS)]`` holds the [`HandoffState`][tandem_grpo.handoff.HandoffState] field (and
-``_Record`` attribute) ``STATE_FIELDS[i]``; ``after_boundary`` is stored as 0/1. The coin seeds are kept apart (they
+``_Record`` attribute) ``STATE_FIELDS[i]``; ``unit_ended`` is stored as 0/1. The coin seeds are kept apart (they
 never change). [`pack_state`][tandem_grpo.vllm.side_records.pack_state],
 [`unpack_state`][tandem_grpo.vllm.side_records.unpack_state] and ``_Record.state_row``/``set_state_row`` are its only
 readers and writers."""
@@ -53,9 +53,9 @@ def pack_state(state: HandoffState) -> torch.Tensor:
 def unpack_state(packed: torch.Tensor, seeds: torch.Tensor) -> HandoffState:
     """The [`HandoffState`][tandem_grpo.handoff.HandoffState] of a long ``[B, len(STATE_FIELDS)]`` tensor in the
     ``STATE_FIELDS`` layout and the coin seeds ``[B]``; the fields are column views of ``packed``
-    (``after_boundary`` a bool copy)."""
+    (``unit_ended`` a bool copy)."""
     fields = {name: packed[:, i] for i, name in enumerate(STATE_FIELDS)}
-    fields["after_boundary"] = fields["after_boundary"].bool()
+    fields["unit_ended"] = fields["unit_ended"].bool()
     return HandoffState(**fields, seeds=seeds)
 
 
@@ -76,7 +76,7 @@ class _Record:
     next_owner: int
     unit_length: int = 0
     unit_index: int = 0
-    after_boundary: bool = False
+    unit_ended: bool = False
     position: int = 0  # completion tokens advanced over
     authors: list[int] = field(default_factory=list)
     corrections: list[float] = field(default_factory=list)
@@ -89,7 +89,7 @@ class _Record:
     def set_state_row(self, row: Sequence[int]) -> None:
         """Set the rule state from one row in the ``STATE_FIELDS`` layout."""
         for name, value in zip(STATE_FIELDS, row, strict=True):
-            setattr(self, name, bool(value) if name == "after_boundary" else int(value))
+            setattr(self, name, bool(value) if name == "unit_ended" else int(value))
 
 
 _RECORDS: OrderedDict[str, _Record] = OrderedDict()

@@ -31,7 +31,7 @@ import logging
 import urllib.parse
 from collections.abc import Iterator
 
-from ..handoff import HandoffRule
+from ..handoff import HandoffRule, HandoffSettings
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import check_v1_runner_options, check_vllm, select_v1_model_runner
@@ -340,7 +340,8 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
     Raises:
         RuntimeError: the installed TRL has no ``trl.trainer.grpo_trainer.VLLMGeneration`` (unsupported TRL).
     """
-    co_generates = getattr(args, "junior_probability", 0.5) > 0 and not getattr(args, "kl_to_junior", False)
+    probability = getattr(args, "junior_probability", HandoffSettings.junior_probability)
+    co_generates = probability > 0 and not getattr(args, "kl_to_junior", False)
     if not getattr(args, "use_vllm", False):
         yield
         return
