@@ -317,3 +317,40 @@ def test_a_junior_reload_reaches_the_junior_kernels(engine, prompts):
         model.reload_junior(list(original.items()))
     senior_restored, junior_restored = first_token_logprobs()
     assert diff(junior_before, junior_restored) < 1e-4 and diff(senior_restored, junior_restored) < 1e-4
+
+
+def test_a_junior_reload_leaves_the_seniors_decoding_alone(engine, prompts):
+    """After ``reload_junior`` with other weights, a co-generated request the senior writes alone (junior
+    probability 0, both models running) decodes with the senior's own log-probs: each sampled token's log-prob
+    equals what a fresh prefill of the same prefix gives, so neither the reload nor the junior's decode steps reach
+    the senior's weights or keys and values."""
+    path, llm = engine
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    from tandem_grpo.vllm.model import iter_checkpoint
+
+    original = dict(iter_checkpoint(path))
+    torch.manual_seed(1)
+    perturbed = {name: t + 0.05 * torch.randn_like(t) if t.ndim == 2 and "layers" in name else t
+                 for name, t in original.items()}  # fmt: skip
+    prompt = prompts[0]
+    try:
+        model.reload_junior(list(perturbed.items()))
+        llm.reset_prefix_cache()
+        uids = new_uids(1)
+        params = sampling_params(None, [3], uids, HandoffRule("word", 0.0, 32), max_tokens=8,
+                                 generation_kwargs={"logprobs": 0})  # fmt: skip
+        out = llm.generate([{"prompt_token_ids": prompt}], sampling_params=params, use_tqdm=False)[0].outputs[0]
+        llm.collective_rpc("tandem_pop_records", args=(uids,))
+        decoded = [lp[tok].logprob for tok, lp in zip(out.token_ids, out.logprobs, strict=False)]
+        assert len(decoded) >= 4
+        for t in range(1, len(decoded)):
+            llm.reset_prefix_cache()
+            params = sampling_params(None, [0], new_uids(1), None, max_tokens=1,
+                                     generation_kwargs={"logprobs": 20, "prompt_logprobs": 1})  # fmt: skip
+            fresh = llm.generate([{"prompt_token_ids": prompt + list(out.token_ids[: t + 1])}], sampling_params=params,
+                                 use_tqdm=False)[0]  # fmt: skip
+            token = out.token_ids[t]
+            assert fresh.prompt_logprobs[-1][token].logprob == pytest.approx(decoded[t], abs=1e-3), t
+    finally:
+        model.reload_junior(list(original.items()))
+        llm.reset_prefix_cache()
