@@ -126,7 +126,12 @@ def markdown_map(rows: list[dict]) -> str:
             return "—"
         return f"{100 * e['value']:+.1f} [{100 * e['ci_low']:+.1f}, {100 * e['ci_high']:+.1f}]"
 
-    lines = ["| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up |",
+    lines = ["Held-out solo pass@1 of each committed piece (100 problems x 8 samples): its gain over its lever's base "
+             "piece and its difference from the same seed's GRPO, per problem, paired, with 95% percentile-bootstrap "
+             "intervals (recomputed here, so an end can differ by 0.1 from a report's). Tandem keeps up where it is "
+             f"within {100 * KEEPS_UP_POINTS:g} points of GRPO or the interval of the difference holds 0. A pilot "
+             "finished by hand has pilot.json and no piece.json (tandem p 0.25).", "",
+             "| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up |",
              "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         keeps = {True: "yes", False: "no"}.get(r.get("keeps_up"), "—")
