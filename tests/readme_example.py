@@ -10,7 +10,7 @@ import re
 import sys
 from pathlib import Path
 
-SECTION = "## Usage: swap one class"
+SECTION = "## Usage: swap the trainer and its config"
 # Only sizes change; each must occur exactly once in the block, so an edited README fails loudly here.
 ONE_STEP = {"max_steps=5": "max_steps=1", "max_completion_length=64": "max_completion_length=16",
             "arithmetic_word_problems(1000,": "arithmetic_word_problems(8,"}  # fmt: skip
