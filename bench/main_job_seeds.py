@@ -1,5 +1,6 @@
-"""Does the main job learn? Run ``accelerate launch examples/train_math.py`` (its defaults) once per seed and compare
-the first and the last logged steps of each seed's reward curves.
+"""Does the main job learn? Run ``accelerate launch examples/train_math.py`` (its defaults) once per seed and read
+the senior's held-out solo accuracy before and after training (train_math.py's ``held_out.json``: paired over
+problems, with its interval), and the first and the last logged steps of each seed's reward curves.
 
     python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 90 min here)
     python bench/main_job_seeds.py --seeds 3 --window 10    # another seed, 10-step windows
@@ -114,6 +115,8 @@ def main() -> None:
         if not (args.reuse and log.is_file()):
             wall = run_seed(seed, folder, extra)
         results[seed] = {"wall_s": wall, **summarize(json.loads(log.read_text()), args.window, seed)}
+        held_out = folder / "held_out.json"
+        results[seed]["held_out"] = json.loads(held_out.read_text()) if held_out.is_file() else None
     root.mkdir(parents=True, exist_ok=True)
     (root / "seeds.json").write_text(json.dumps({"window": args.window, "extra_args": extra, "seeds": results},
                                                 indent=1))  # fmt: skip
@@ -126,7 +129,21 @@ def main() -> None:
                  f"[{r[name]['ci95'][0]:+.3f}, {r[name]['ci95'][1]:+.3f}])" for name in CURVES]  # fmt: skip
         print(f"seed {seed} ({wall}): " + "; ".join(parts) + f"; accuracy {verdict(r['accuracy'])}")
     rose = sum(r["accuracy"]["ci95"][0] > 0 for r in results.values())
-    print(f"accuracy rose (interval of the difference above 0) on {rose} of {len(results)} seeds")
+    print(f"the team's training accuracy rose (interval of the difference above 0) on {rose} of {len(results)} seeds")
+    print("\nthe senior alone on held-out problems, before -> after training (paired 95% bootstrap over problems)")
+    for seed, r in results.items():
+        h = r["held_out"]
+        if h is None:
+            print(f"seed {seed}: no held_out.json (trained with --held_out_problems 0)")
+            continue
+        d = {key: 100 * h["difference"][key] for key in ("value", "ci_low", "ci_high")}
+        print(
+            f"seed {seed} ({h['problems']} problems x {h['samples_per_problem']}): {h['before']:.1%} -> "
+            f"{h['after']:.1%}, {d['value']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]"
+        )
+    measured = [r["held_out"] for r in results.values() if r["held_out"] is not None]
+    senior = sum(h["difference"]["ci_low"] > 0 for h in measured)
+    print(f"the senior's held-out solo accuracy rose (interval above 0) on {senior} of {len(measured)} seeds")
     print(f"wrote {root / 'seeds.json'} and {root / 'seeds.png'}")
 
 

@@ -30,17 +30,21 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from datasets import Dataset
 from transformers.trainer_callback import ProgressCallback
 from trl import ModelConfig, get_peft_config
 
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_problems, load_math_dataset
+from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_split, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
+from tandem_grpo.evaluation.held_out import solo_verdicts
+from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
+from tandem_grpo.sampling import SamplingSettings
 from tandem_grpo.script_parser import ScriptParser
 
 
@@ -66,6 +70,14 @@ class ScriptArguments:
                   "reproduction study's), step_by_step otherwise.", "choices": list(INSTRUCTIONS)},
     )  # fmt: skip
     num_problems: int = field(default=1000, metadata={"help": "How many problems to use (rows read, or generated)."})
+    held_out_problems: int = field(
+        default=50,
+        metadata={"help": "Held-out problems on which the senior is sampled alone before and after training (0: "
+                  "none): built-in problems from the same stream that do not occur in training, else the first rows "
+                  "of --held_out_split. Single-process runs only."},
+    )  # fmt: skip
+    held_out_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (>= 1)."})
+    held_out_split: str = field(default="test", metadata={"help": "The --dataset_name split that is held out."})
     cpu_threads: int | None = field(
         default=None,
         metadata={"help": "Torch threads for a single process on a machine without a GPU. Default: every core the "
@@ -134,6 +146,66 @@ def instruction_text(script_args: ScriptArguments) -> str:
     """The text appended to each question, from ``--instruction`` (its default depends on the dataset)."""
     default = "steps" if script_args.dataset_name is None else "step_by_step"
     return INSTRUCTIONS[script_args.instruction or default]
+
+
+def load_problems(script_args: ScriptArguments, seed: int) -> tuple[Dataset, Dataset | None]:
+    """The training problems and the held-out ones (``None`` when ``--held_out_problems 0`` or in a multi-process
+    run, where the model may be sharded).
+
+    Raises:
+        ValueError: a bad ``--held_out_problems`` or ``--held_out_samples``, or a problem with the data (from
+            [`load_math_dataset`][tandem_grpo.data.load_math_dataset]).
+    """
+    if script_args.held_out_problems < 0 or script_args.held_out_samples < 1:
+        raise ValueError(f"--held_out_problems {script_args.held_out_problems} --held_out_samples "
+                         f"{script_args.held_out_samples}: need >= 0 problems and >= 1 sample each.")  # fmt: skip
+    wanted = script_args.held_out_problems
+    if wanted and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        print("train_math.py: the held-out check runs in single-process runs only; skipped.", file=sys.stderr)
+        wanted = 0
+    instruction = instruction_text(script_args)
+    if script_args.dataset_name is None:
+        train, held_out = builtin_split(script_args.task, script_args.num_problems, wanted, seed=seed,
+                                        instruction=instruction)  # fmt: skip
+        return train, held_out if wanted else None
+    train = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
+                              limit=script_args.num_problems, instruction=instruction)  # fmt: skip
+    if not wanted:
+        return train, None
+    try:
+        held_out = load_math_dataset(script_args.dataset_name, split=script_args.held_out_split, limit=wanted,
+                                     instruction=instruction)  # fmt: skip
+    except (OSError, ValueError) as err:
+        raise ValueError(f"--held_out_split {script_args.held_out_split}: {err} Pass another split, or "
+                         "--held_out_problems 0 to train without the held-out check.") from err  # fmt: skip
+    return train, held_out
+
+
+def held_out_verdicts(trainer: TandemGRPOTrainer, held_out: Dataset, script_args: ScriptArguments, desc: str):
+    """The senior alone on the held-out problems, at the rollouts' decoding and length cap: ``[P][k]`` verdicts."""
+    args = trainer.args
+    return solo_verdicts(trainer.model, trainer.processing_class, held_out["prompt"], held_out["answer"],
+                         k=script_args.held_out_samples, sampling=SamplingSettings.from_config(args),
+                         max_new_tokens=args.max_completion_length, seed=args.seed, desc=desc)  # fmt: skip
+
+
+def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path) -> str:
+    """Write ``held_out.json`` (accuracies, the paired difference with its 95% interval, the verdict counts) to
+    ``out`` and return the line that reports it."""
+    result = paired_accuracy_difference(per_problem_accuracy(before), per_problem_accuracy(after))
+    result |= {
+        "problems": len(before),
+        "samples_per_problem": len(before[0]),
+        "correct_per_problem": {"before": [sum(r) for r in before], "after": [sum(r) for r in after]},
+        "definition": "the senior alone; per-problem accuracy after minus before, percentile bootstrap over problems",
+    }
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "held_out.json").write_text(json.dumps(result, indent=1))
+    d = result["difference"]
+    points = f"{100 * d['value']:+.1f} points [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
+    return (f"The senior alone on {len(before)} held-out problems x {len(before[0])}: {result['before']:.1%} before "
+            f"training, {result['after']:.1%} after, {points} (95% bootstrap over problems, paired); saved "
+            f"{out / 'held_out.json'}")  # fmt: skip
 
 
 def card_dataset(name: str | None) -> str | None:
@@ -223,13 +295,7 @@ def main() -> None:
         # Data first: a bad row fails here, before any model is loaded.
         if script_args.num_problems < 1:
             raise ValueError(f"--num_problems {script_args.num_problems}: must be >= 1.")
-        instruction = instruction_text(script_args)
-        if script_args.dataset_name is None:
-            dataset = builtin_problems(script_args.task, script_args.num_problems, seed=training_args.seed,
-                                       instruction=instruction)  # fmt: skip
-        else:
-            dataset = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
-                                        limit=script_args.num_problems, instruction=instruction)  # fmt: skip
+        dataset, held_out = load_problems(script_args, training_args.seed)
 
         resume = resume_argument(training_args)  # a missing checkpoint is found here, not after the model loads
         training_args.model_init_kwargs = {"dtype": model_args.dtype, "revision": model_args.model_revision}
@@ -248,6 +314,7 @@ def main() -> None:
                 train_dataset=dataset,
                 peft_config=get_peft_config(model_args),
             )
+    before = held_out_verdicts(trainer, held_out, script_args, "held-out, before training") if held_out else None
     train(trainer, resume)
     trainer.save_model(training_args.output_dir)
     trainer.create_model_card(dataset_name=card_dataset(script_args.dataset_name))
@@ -256,6 +323,9 @@ def main() -> None:
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
         png = plot_training_curves(trainer.state.log_history, out / "training_curves.png")
         print(f"Saved the model, log_history.json and {png} to {out}")
+    if before is not None:
+        after = held_out_verdicts(trainer, held_out, script_args, "held-out, after training")
+        print(held_out_report(before, after, Path(training_args.output_dir)))
 
 
 if __name__ == "__main__":

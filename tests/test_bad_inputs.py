@@ -226,6 +226,9 @@ CATALOGUE: list[Entry] = [
     Entry("examples/train_math.py", "`--dataset_name missing.jsonl`", "one `error:` line, exit status 2",
           2, r"^train_math\.py: error: missing\.jsonl: no such file", _command(TRAIN, "--dataset_name",
                                                                               "missing.jsonl")),
+    Entry("examples/train_math.py", "`--held_out_samples 0`", "one `error:` line before the model loads, exit 2",
+          2, r"^train_math\.py: error: --held_out_problems 50 --held_out_samples 0: need >= 0 problems and >= 1",
+          _command(TRAIN, "--held_out_samples", "0")),
     Entry("examples/train_math.py", "`--num_generations 3` (16 completions per step)",
           "one `error:` line naming the flags to change and the values that fit, exit 2",
           2, r"^train_math\.py: error: num_generations=3 must divide the 16 completions.*per_device_train_batch_size.*"

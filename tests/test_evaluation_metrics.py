@@ -10,7 +10,12 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from tandem_grpo.evaluation.junior_legibility import legibility
-from tandem_grpo.evaluation.solo import capability, capability_by_benchmark, pass_at_k_curve
+from tandem_grpo.evaluation.solo import (
+    capability,
+    capability_by_benchmark,
+    paired_accuracy_difference,
+    pass_at_k_curve,
+)
 from tandem_grpo.evaluation.stats import bootstrap_mean, macro_bootstrap_mean, pass_at_k
 
 
@@ -163,6 +168,44 @@ def test_bootstrap_interval():
     assert "bootstrap" in a.method and a.num_problems == 40
     with pytest.raises(ValueError, match="empty"):
         bootstrap_mean([])
+
+
+def test_paired_accuracy_difference_pairs_problem_by_problem():
+    before, after = [0.0, 0.25, 1.0, 0.5], [0.5, 0.25, 0.75, 1.0]
+    out = paired_accuracy_difference(before, after)
+    assert (out["before"], out["after"]) == (0.4375, 0.625)
+    # The interval is the bootstrap of the per-problem differences [0.5, 0, -0.25, 0.5], not of the two means apart.
+    assert out["difference"] == bootstrap_mean([0.5, 0.0, -0.25, 0.5]).to_dict()
+    same = paired_accuracy_difference(before, before)["difference"]
+    assert (same["value"], same["ci_low"], same["ci_high"]) == (0.0, 0.0, 0.0)  # a model against itself: exactly 0
+    with pytest.raises(ValueError, match="before has 4 problems and after 3"):
+        paired_accuracy_difference(before, after[:3])
+
+
+def test_solo_verdicts_scores_k_samples_per_problem_against_their_own_gold(smollm2_tokenizer, monkeypatch):
+    """Prompts are repeated k times problem-major and each completion is scored against its own problem's gold."""
+    from tandem_grpo.backends import TransformersBackend
+    from tandem_grpo.evaluation.held_out import solo_verdicts
+    from tandem_grpo.sampling import SamplingSettings
+
+    texts = iter(
+        ["\\boxed{7}", "\\boxed{9}", "so 9", "7"]
+    )  # problem 0 (gold 7): right, wrong; problem 1 (9): right, wrong
+    seen = []
+
+    def generate(self, prompts, sampling, *, max_new_tokens, seed=0, desc="", stop=()):
+        seen.extend(prompts)
+        return [smollm2_tokenizer(next(texts), add_special_tokens=False)["input_ids"] for _ in prompts]
+
+    monkeypatch.setattr(TransformersBackend, "generate", generate)
+    prompts = [[{"role": "user", "content": "What is 3 + 4?"}], [{"role": "user", "content": "What is 4 + 5?"}]]
+    verdicts = solo_verdicts(tiny_llama(0), smollm2_tokenizer, prompts, ["7", "9"], k=2,
+                             sampling=SamplingSettings(), max_new_tokens=16)  # fmt: skip
+    assert verdicts == [[True, False], [True, False]]
+    assert seen[0] == seen[1] != seen[2] == seen[3]
+    with pytest.raises(ValueError, match="2 prompts and 1 answers"):
+        solo_verdicts(tiny_llama(0), smollm2_tokenizer, prompts, ["7"], k=1, sampling=SamplingSettings(),
+                      max_new_tokens=16)  # fmt: skip
 
 
 # -------------------------------------------------------------------------------------------------- legibility

@@ -173,7 +173,7 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
         ValueError: the two did not sample the same problems, numbers of samples or solo evaluation settings
             (``SOLO_EVALUATION``).
     """
-    from tandem_grpo.evaluation.stats import bootstrap_mean
+    from tandem_grpo.evaluation.solo import paired_accuracy_difference
 
     base_solo = base["junior"]["solo"]
     (entry,) = arm["checkpoints"].values()
@@ -185,15 +185,13 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
     sha = {"eval_problems_sha256": problems_sha256}
     check_same_evaluation({"results": base} | sha, {"results": arm} | sha, "the arm", SOLO_EVALUATION)
     n = base_solo["num_samples"]
-    diff = [
-        (a - b) / n for a, b in zip(arm_solo["correct_per_problem"], base_solo["correct_per_problem"], strict=True)
-    ]
-    estimate = bootstrap_mean(diff, confidence, seed=0)
+    paired = paired_accuracy_difference([c / n for c in base_solo["correct_per_problem"]],
+                                        [c / n for c in arm_solo["correct_per_problem"]], confidence)  # fmt: skip
     return {
-        "base_pass@1": sum(base_solo["correct_per_problem"]) / (n * len(diff)),
-        "arm_pass@1": sum(arm_solo["correct_per_problem"]) / (n * len(diff)),
-        "difference": estimate.to_dict(),
-        "learnt": estimate.low > 0,
+        "base_pass@1": paired["before"],
+        "arm_pass@1": paired["after"],
+        "difference": paired["difference"],
+        "learnt": paired["difference"]["ci_low"] > 0,
         "definition": "per-problem mean accuracy of the arm minus the base's, bootstrap over problems (paired)",
     }
 

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tandem_grpo import TandemGRPOConfig
-from tandem_grpo.data import INSTRUCTIONS, builtin_problems, load_math_dataset
+from tandem_grpo.data import INSTRUCTIONS, builtin_problems, builtin_split, load_math_dataset
 
 from .presets import TIMINGS
 
@@ -113,8 +113,8 @@ EVAL_FLAG_RE = re.compile(r"--(limit|k|max_new_tokens|step_grid|schedules|backen
 def load_training_problems(study: Any, training: TandemGRPOConfig):
     """The training set and, for the built-in problems, held-out evaluation rows ``{"question", "answer"}``.
 
-    Built-in problems: one generator stream (``--problem_seed``); the first ``num_problems`` train, the next ones
-    that do not also occur among them are held out. Other sets load ``--num_problems`` rows of their train split.
+    Built-in problems: [`builtin_split`][tandem_grpo.data.builtin_split] (``--problem_seed``), the held-out rows
+    without the instruction. Other sets load ``--num_problems`` rows of their train split.
     """
     num = study.num_problems or prompts_per_step(training) * training.max_steps
     instruction = INSTRUCTIONS[study.instruction]
@@ -123,18 +123,9 @@ def load_training_problems(study: Any, training: TandemGRPOConfig):
                                  instruction=instruction), None  # fmt: skip
     if study.eval_dataset is not None:  # evaluated on another set: nothing to hold out
         return builtin_problems(study.task, num, seed=study.problem_seed, instruction=instruction), None
-    want = study.eval_limit
-    # A generous stream: the small operand ranges repeat problems, and repeats of training problems are dropped.
-    stream = builtin_problems(study.task, num + 4 * want + 64, seed=study.problem_seed, instruction=instruction)
-    train = stream.select(range(num))
-    seen = {row[0]["content"] for row in train["prompt"]}
-    held_out, questions = [], set()
-    for prompt, answer in zip(stream["prompt"][num:], stream["answer"][num:], strict=True):
-        content = prompt[0]["content"]
-        if content in seen or content in questions or len(held_out) >= want:
-            continue
-        questions.add(content)
-        held_out.append({"question": content.removesuffix(instruction), "answer": answer})
+    train, held = builtin_split(study.task, num, study.eval_limit, seed=study.problem_seed, instruction=instruction)
+    held_out = [{"question": prompt[0]["content"].removesuffix(instruction), "answer": answer}
+                for prompt, answer in zip(held["prompt"], held["answer"], strict=True)]  # fmt: skip
     return train, held_out
 
 

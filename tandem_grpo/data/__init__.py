@@ -21,11 +21,12 @@ Modules, each name importable from ``tandem_grpo.data`` and documented on this p
 * [`arithmetic`][tandem_grpo.data.arithmetic]: the built-in arithmetic word problems
   ([`arithmetic_word_problems`][tandem_grpo.data.arithmetic_word_problems],
   [`arithmetic_chains`][tandem_grpo.data.arithmetic_chains], by name:
-  [`BUILTIN_TASKS`][tandem_grpo.data.BUILTIN_TASKS]).
+  [`BUILTIN_TASKS`][tandem_grpo.data.BUILTIN_TASKS]; training and held-out problems:
+  [`builtin_split`][tandem_grpo.data.builtin_split]).
 """
 
 from .answers import gsm8k_gold, last_boxed, stated_answer
-from .arithmetic import BUILTIN_TASKS, arithmetic_chains, arithmetic_word_problems, builtin_problems
+from .arithmetic import BUILTIN_TASKS, arithmetic_chains, arithmetic_word_problems, builtin_problems, builtin_split
 from .instructions import ANSWER_LINE_INSTRUCTION, INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION, STEPS_INSTRUCTION
 from .loading import DATA_DIR_ENV, DATASETS, HubDataset, load_math_dataset, to_example
 
@@ -42,6 +43,7 @@ __all__ = [
     "arithmetic_chains",
     "arithmetic_word_problems",
     "builtin_problems",
+    "builtin_split",
     "gsm8k_gold",
     "last_boxed",
     "load_math_dataset",

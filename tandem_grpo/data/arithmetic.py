@@ -218,3 +218,35 @@ def builtin_problems(task: str, num_problems: int, seed: int = 0, instruction: s
     if task not in BUILTIN_TASKS:
         raise ValueError(f"Unknown built-in task {task!r}; choose one of {', '.join(BUILTIN_TASKS)}.")
     return BUILTIN_TASKS[task](num_problems, seed, instruction)
+
+
+def builtin_split(
+    task: str, num_train: int, num_held_out: int, seed: int = 0, instruction: str = INSTRUCTION
+) -> tuple[datasets.Dataset, datasets.Dataset]:
+    """Training problems and held-out problems of the built-in family ``task``, from one generator stream.
+
+    The first ``num_train`` problems of the stream train (the same rows as ``builtin_problems(task, num_train, seed,
+    instruction)``); the next ones that occur neither among them nor earlier in the held-out set are held out, up to
+    ``num_held_out`` (the small operand ranges repeat problems, so the stream is drawn generously).
+
+    Returns:
+        ``(train, held_out)``, both in this package's two-column format (``prompt``, ``answer``); ``held_out`` may be
+        shorter than ``num_held_out`` when the family has too few distinct problems.
+
+    Raises:
+        ValueError: as [`builtin_problems`][tandem_grpo.data.builtin_problems], or ``num_held_out < 0``.
+    """
+    if num_held_out < 0:
+        raise ValueError(f"num_held_out={num_held_out!r} must be >= 0.")
+    stream = builtin_problems(task, num_train + 4 * num_held_out + 64, seed=seed, instruction=instruction)
+    train = stream.select(range(num_train))
+    seen = {row[0]["content"] for row in train["prompt"]}
+    keep: list[int] = []
+    for index, prompt in enumerate(stream["prompt"][num_train:], start=num_train):
+        content = prompt[0]["content"]
+        if len(keep) >= num_held_out:
+            break
+        if content not in seen:
+            seen.add(content)
+            keep.append(index)
+    return train, stream.select(keep)

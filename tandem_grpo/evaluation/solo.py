@@ -131,3 +131,27 @@ def pass_at_k_curve(
         "num_samples": n,
         "max_k": max_k,
     }
+
+
+def paired_accuracy_difference(
+    before: Sequence[float], after: Sequence[float], confidence: float = 0.95, seed: int = 0
+) -> dict:
+    """Mean accuracy of ``after`` minus ``before`` on the same problems, paired problem by problem: the mean of the
+    per-problem differences with a percentile-bootstrap interval over problems
+    ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]).
+
+    Args:
+        before, after: ``[P]`` per-problem accuracies in [0, 1], the same problems in the same order
+            ([`per_problem_accuracy`][tandem_grpo.evaluation.solo.per_problem_accuracy] of ``[P][n]`` verdicts, or
+            correct counts divided by ``n``).
+
+    Returns:
+        ``{"before": mean accuracy, "after": mean accuracy, "difference": interval dict}`` (fractions, not points).
+
+    Raises:
+        ValueError: different numbers of problems, or none.
+    """
+    if len(before) != len(after):
+        raise ValueError(f"before has {len(before)} problems and after {len(after)}: pairing needs the same ones.")
+    difference = bootstrap_mean([b - a for a, b in zip(before, after, strict=True)], confidence, seed=seed)
+    return {"before": sum(before) / len(before), "after": sum(after) / len(after), "difference": difference.to_dict()}
