@@ -752,6 +752,16 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
         tmp_path / "map" / "map.md"
     ).read_text()
 
+    # A lever that trains tandem alone (the budget) is read against the GRPO of the folder it names.
+    budget = tmp_path / "budget"
+    (budget / "seed-1").mkdir(parents=True)
+    (budget / "base").symlink_to(lever / "base")
+    shutil.copytree(lever / "seed-1" / "tandem", budget / "seed-1" / "tandem")
+    _set_solo(budget / "seed-1" / "tandem", [4, 3, 2])
+    levers = {"budget": {"results_dir": str(budget), "label": "budget", "grpo_from": str(lever)}}
+    (row,) = regime_map.build_map(tmp_path / "map2", levers)
+    assert row["minus_grpo"]["value"] == pytest.approx((0 - 1 + 0) / 3 / k) and row["keeps_up"] is True
+
 
 def test_a_pilot_on_other_held_out_problems_is_refused_before_training(study, tmp_path, monkeypatch, no_model_loading):
     """The held-out file is compared with the base piece's by sha256 before an arm trains (not by path after its

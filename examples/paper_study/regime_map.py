@@ -26,8 +26,15 @@ LEVERS: dict[str, dict[str, str]] = {
         "results_dir": "results/map/answer-line",
         "label": "answer line: only a stated 'Answer:' read (reward and evaluation)",
     },
+    "budget": {
+        "results_dir": "results/map/budget",
+        "label": "budget: tandem on 4 prompts x 8 a step, as many senior tokens as GRPO's 2 x 8",
+        "grpo_from": "results/cpu-paper",
+    },
 }
-"""The levers of the map, in the order shown: name -> the study folder and what it changes."""
+"""The levers of the map, in the order shown: name -> the study folder (``results_dir``), what it changes (``label``)
+and, for a lever that trains tandem alone, the folder whose GRPO it is read against (``grpo_from``; its base piece is
+the same one, linked into ``results_dir``)."""
 
 KEEPS_UP_POINTS = 0.05
 """Tandem keeps up where its solo pass@1 is within 5 points of GRPO's, or the interval of the difference holds 0."""
@@ -72,14 +79,11 @@ def _solo(results: dict) -> list[float]:
 
 def _paired(a: dict, b: dict, confidence: float, problems_sha256: str | None) -> dict:
     """``a``'s per-problem solo accuracy minus ``b``'s, bootstrap over problems (the same problems and settings)."""
-    from tandem_grpo.evaluation.stats import bootstrap_mean
+    from tandem_grpo.evaluation.solo import paired_accuracy_difference
 
     sha = {"eval_problems_sha256": problems_sha256}
     check_same_evaluation({"results": b} | sha, {"results": a} | sha, "the map's pair", SOLO_EVALUATION)
-    x, y = _solo(a), _solo(b)
-    if len(x) != len(y):
-        raise ValueError("the map's pair sampled different numbers of problems.")
-    return bootstrap_mean([u - v for u, v in zip(x, y, strict=True)], confidence, seed=0).to_dict()
+    return paired_accuracy_difference(_solo(b), _solo(a), confidence)["difference"]
 
 
 def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> list[dict]:
@@ -92,7 +96,9 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
     base = json.loads(base_file.read_text())
     base_sha = _problems_sha256(results_dir / "base")
     pieces = _pieces(results_dir)
-    grpo = {seed: json.loads((folder / "results.json").read_text()) for seed, arm, _, folder in pieces
+    # A lever that changes tandem's budget alone is read against the GRPO of the setting it changes ("grpo_from").
+    grpo_pieces = _pieces(Path(lever["grpo_from"])) if "grpo_from" in lever else pieces
+    grpo = {seed: json.loads((folder / "results.json").read_text()) for seed, arm, _, folder in grpo_pieces
             if arm == "grpo"}  # fmt: skip
     rows = []
     for seed, arm, p, folder in pieces:
