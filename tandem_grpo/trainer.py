@@ -6,13 +6,11 @@ tokens the policy did not write (``tool_mask``). Rewards, advantages and the los
 chosen in [`tandem_grpo.junior`][tandem_grpo.junior]; the ``log p_s(B)`` terms of ``handoff_mode="whole_unit"`` live
 in [`tandem_grpo.whole_unit`][tandem_grpo.whole_unit].
 
-Overridden TRL internals (pinned in pyproject; ``test_overridden_trl_internals_have_the_expected_shape`` in
-``tests/test_trainer.py`` fails when they change): ``GRPOTrainer._generate_single_turn`` (co-generation instead of
-``generate``), ``GRPOTrainer._generate`` (the authorship mask goes into its ``tool_mask`` slot), and
-``_compute_loss`` / ``_get_per_token_logps_and_entropies`` (positions the loss ignores get neutral values, so a
-non-finite value there cannot reach the loss; the ``log p_s(B)`` terms), ``_generate_and_score_completions`` (carries
-the terms' coefficients with the batch). ``training_step`` and ``_save_checkpoint`` stop on non-finite losses
-and weights (:mod:`tandem_grpo.guards`).
+Overridden TRL internals (TRL is pinned in pyproject; ``test_overridden_trl_internals_have_the_expected_shape``
+fails when they change): ``_generate_and_score_completions``, ``_generate``, ``_generate_single_turn``,
+``_compute_loss`` and ``_get_per_token_logps_and_entropies``, in the order and with the state the class docstring's
+"State between TRL's calls" gives; ``training_step`` and ``_save_checkpoint`` stop on non-finite losses and weights
+(:mod:`tandem_grpo.guards`).
 """
 
 from __future__ import annotations
@@ -102,9 +100,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
        (``test_overridden_trl_internals_have_the_expected_shape`` pins the order). ``_loss_keep`` is ``None`` again
        when ``_compute_loss`` returns or raises.
 
-    Coin seeds and token draws are functions of the rollout's coordinates alone
-    ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]: run seed, mode, global step, process, call index,
-    position), so ``_generation_calls`` is the only state generation keeps: a resumed run draws what the
+    ``_generation_calls`` is the only state generation keeps: coins and draws are functions of the rollout's
+    coordinates ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]), so a resumed run draws what the
     uninterrupted run drew, and evaluation never moves the training draws.
 
     Raises:

@@ -185,8 +185,8 @@ DATA_DIR_ENV = "TANDEM_GRPO_DATA_DIR"
 
 
 def _hub_unreachable_fast() -> bool:
-    """True when the hub's host does not resolve and ``HF_HUB_OFFLINE`` is unset: ``datasets`` would spend ~25 s
-    retrying before failing. (With ``HF_HUB_OFFLINE=1`` ``datasets`` reads its own cache, so it is asked.)"""
+    """True when the hub's host does not resolve and ``HF_HUB_OFFLINE`` is unset: ``datasets`` would retry
+    for tens of seconds before failing. (With ``HF_HUB_OFFLINE=1`` ``datasets`` reads its own cache: it is asked.)"""
     if os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes"):
         return False
     return not hub_reachable()
@@ -394,12 +394,10 @@ def load_math_dataset(
     1. an existing ``.jsonl`` / ``.json`` file, read with ``datasets.load_dataset("json", ...)`` (a ``.json``
        file may hold a list of rows, JSON Lines, or an object mapping ``split`` or ``"data"`` to a list);
     2. an existing folder containing ``<split>.jsonl`` (or ``<split>.json``);
-    3. a short name from [`DATASETS`][tandem_grpo.data.DATASETS] (``gsm8k``, ``math500``, ``minerva_math``,
-       ``aime24``, ``amc23``, ``multiarith``): read from the offline mirror ``<data_dir>/<name>/<split>.jsonl`` when
-       ``data_dir`` (or the environment variable ``TANDEM_GRPO_DATA_DIR``) names a folder that holds ``<name>/``,
-       else from its hub dataset (``gsm8k`` is ``openai/gsm8k`` config ``main``) with ``datasets.load_dataset``,
-       cached as ``datasets`` caches. Only ``gsm8k`` and ``multiarith`` have a ``train`` split: the others need
-       ``split="test"``. No path is ever guessed: without a mirror setting, short names come from the hub;
+    3. a short name from [`DATASETS`][tandem_grpo.data.DATASETS] (which gives each one's hub set and splits): read
+       from the offline mirror ``<data_dir>/<name>/<split>.jsonl`` when ``data_dir`` (or ``TANDEM_GRPO_DATA_DIR``)
+       names a folder that holds ``<name>/``, else from the hub with ``datasets.load_dataset``, cached as
+       ``datasets`` caches. No path is ever guessed: without a mirror setting, short names come from the hub;
     4. otherwise a Hugging Face Hub dataset id (``openai/gsm8k``; ``id:config`` selects a config,
        ``openai/gsm8k`` defaults to ``main``).
 

@@ -11,7 +11,6 @@ The names of [`tandem_grpo.backends`][tandem_grpo.backends] are importable from 
 
 from __future__ import annotations
 
-# The backends' own names, importable from here as before (documented in tandem_grpo.backends).
 from ..backends import (  # noqa: F401
     GenerationBackend,
     StopInCompletion,
@@ -50,28 +49,23 @@ def create_backend(
     seed: int = 0,
     **kwargs,
 ) -> GenerationBackend:
-    """The backend ``name`` of [`BACKENDS`][tandem_grpo.evaluation.backends.BACKENDS] for a loaded ``model``. The
-    keyword arguments describe the run; each backend takes the ones it uses:
-
-    - ``"transformers"``: [`TransformersBackend`][tandem_grpo.backends.TransformersBackend] with ``junior``,
-      ``show_progress``, ``batch_size`` and ``kwargs``.
-    - ``"vllm"``: [`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend] (vLLM is imported only here) with
-      ``junior``, ``show_progress``, ``max_model_len``, ``concurrent``, ``seed`` and ``kwargs``: the model samples on
-      the process's shared tandem vLLM engine, every prompt of a call at once.
+    """The backend ``name`` of [`BACKENDS`][tandem_grpo.evaluation.backends.BACKENDS] for a loaded ``model``:
+    [`TransformersBackend`][tandem_grpo.backends.TransformersBackend], or
+    [`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend] (the process's shared tandem vLLM engine, every prompt
+    of a call at once). Each takes the keyword arguments it uses.
 
     Args:
-        name: the backend name.
         model: the loaded causal LM to sample (``"vllm"``: the engine loads the folder it was loaded from,
             ``model.name_or_path``, in its dtype).
         tokenizer: ``model``'s tokenizer.
         junior: the run's loaded junior, the partner of tandem co-generation (default ``None``: no tandem on
             ``"transformers"``; ``model`` itself on ``"vllm"``).
-        show_progress: draw progress bars (default ``True``).
-        batch_size: prompts per transformers ``generate`` call (default 16).
-        max_model_len: longest prompt plus completion, in tokens: the vLLM engine's (needed for ``"vllm"``).
-        concurrent: completions the run asks for at once, which size the vLLM engine's KV cache on a CPU (default
-            0: vLLM's own size).
-        seed: the vLLM engine's seed (default 0).
+        show_progress: draw progress bars.
+        batch_size: prompts per transformers ``generate`` call (``"transformers"`` only).
+        max_model_len: longest prompt plus completion, in tokens: the vLLM engine's (required for ``"vllm"``).
+        concurrent: completions the run asks for at once, which size the vLLM engine's KV cache on a CPU (``0``:
+            vLLM's own size; ``"vllm"`` only).
+        seed: the vLLM engine's seed.
         **kwargs: further arguments of the backend (``eos_token_ids`` of ``TransformersBackend``).
 
     Raises:

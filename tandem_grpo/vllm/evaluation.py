@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
-from ..handoff import HandoffRule
+from ..handoff import HandoffRule, HandoffSettings
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
 
@@ -107,7 +107,8 @@ class TandemEngine:
         from ..vllm.engine import generate_with_llm
 
         # A model that writes alone runs alone (TandemForCausalLM.set_solo): half the forward passes.
-        solo = {0.0: "senior", 1.0: "junior"}.get(float(getattr(rule, "junior_probability", 0.5)))
+        probability = getattr(rule, "junior_probability", HandoffSettings.junior_probability)  # the declared default
+        solo = {0.0: "senior", 1.0: "junior"}.get(float(probability))
         if self._model().set_solo(solo):
             self.llm.reset_prefix_cache()
         return generate_with_llm(

@@ -1,8 +1,7 @@
 """The tandem logits processor (vLLM v1 ``LogitsProcessor`` interface, V1 model runner).
 
-Per request it keeps the handoff-rule state of [`tandem_grpo.handoff`][tandem_grpo.handoff] (owner, pre-drawn next
-owner, unit length, unit index, sentence flag, coin seed) and, every step, replaces the request's row of the senior
-logits with the log probabilities of the tandem mixture ``P``
+Per request it keeps the rule state ([`HandoffState`][tandem_grpo.handoff.HandoffState]) and, every step, replaces
+the request's row of the senior logits with the log probabilities of the tandem mixture ``P``
 ([`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]), truncated. vLLM's sampler then draws the token from that;
 the token's author is a function of the token ([`advance`][tandem_grpo.handoff.advance]), so nothing else has to be
 decided here.
