@@ -97,7 +97,7 @@ def main() -> None:
     argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    parser.add_argument("--window", type=int, default=6, help="Steps in the first and the last window.")
+    parser.add_argument("--window", type=int, default=10, help="Steps in the first and the last window.")
     parser.add_argument("--output_dir", default="outputs/main-job-seeds")
     parser.add_argument("--reuse", action="store_true", help="Reuse runs whose log_history.json exists.")
     args = parser.parse_args(argv)

@@ -46,6 +46,16 @@ def test_the_default_seed_is_the_one_the_readme_measured(train_math):
     assert _args(train_math, "--seed", "42").seed == 42
 
 
+def test_the_main_job_trains_where_the_senior_learnt_and_the_config_keeps_the_papers_default(train_math):
+    # The regime map's setting for the main job (results/map/map.md); TandemGRPOConfig itself keeps the paper's 0.5.
+    from tandem_grpo import TandemGRPOConfig
+
+    args = _args(train_math)
+    assert (args.junior_probability, args.max_steps) == (0.1, 30)
+    assert _args(train_math, "--junior_probability", "0.5").junior_probability == 0.5
+    assert TandemGRPOConfig(output_dir="unused").junior_probability == 0.5
+
+
 def test_resume_argument_is_checked_before_the_model_loads(train_math, tmp_path):
     out = tmp_path / "out"
     assert train_math.resume_argument(_args(train_math, "--output_dir", str(out))) is None
@@ -107,7 +117,7 @@ def test_ctrl_c_prints_one_line_saying_how_to_resume(train_math, tmp_path, capsy
     _checkpoint(out, 4, complete=False)  # the save the Ctrl-C cut short
     lines = _interrupt(train_math, capsys, args, step=4)
     assert len(lines) == 1, lines
-    assert lines[0].startswith("train_math.py: interrupted (Ctrl-C) after optimizer step 4 of 18. ")
+    assert lines[0].startswith("train_math.py: interrupted (Ctrl-C) after optimizer step 4 of 30. ")
     assert (
         f"continue from {out / 'checkpoint-2'}, rerun the same command with --resume_from_checkpoint true"
         in (lines[0])
@@ -117,7 +127,7 @@ def test_ctrl_c_prints_one_line_saying_how_to_resume(train_math, tmp_path, capsy
 
 def test_ctrl_c_without_checkpoints_says_so(train_math, tmp_path, capsys):
     (line,) = _interrupt(train_math, capsys, _args(train_math, "--output_dir", str(tmp_path)), step=3)
-    assert "step 3 of 18; nothing to resume from" in line and "--save_strategy steps --save_steps N" in line
+    assert "step 3 of 30; nothing to resume from" in line and "--save_strategy steps --save_steps N" in line
     args = _args(train_math, "--output_dir", str(tmp_path / "out"), "--save_strategy", "steps", "--save_steps", "5")
     (line,) = _interrupt(train_math, capsys, args, step=3)
     assert "no checkpoint was complete yet" in line and "--resume_from_checkpoint" not in line
