@@ -115,7 +115,8 @@ def test_train_commands_parse(monkeypatch):
         except SystemExit as exc:  # the parser's one `error:` line is on stderr
             pytest.fail(f"{page}: `examples/train_math.py {shlex.join(args)}` does not parse (exit {exc.code})")
         if not args:
-            assert (training.max_steps, training.max_completion_length, training.learning_rate) == (18, 128, 2e-5)
+            assert (training.max_steps, training.max_completion_length, training.learning_rate) == (30, 128, 2e-5)
+            assert training.junior_probability == 0.1  # where the study's senior learnt (the README says so)
             # The reproduction study's task and binary reward; rollouts at the paper's evaluation decoding.
             assert script_args.task == "chain2" and (training.temperature, training.top_p, training.top_k) == (
                 0.7,
