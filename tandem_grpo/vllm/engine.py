@@ -137,8 +137,9 @@ def request_fields(
 ) -> dict:
     """Plain ``SamplingParams`` kwargs / OpenAI request fields of one completion, without the tandem extra args.
 
-    Tandem requests (``tandem=True``) send vLLM's own ``top_k``/``top_p``/``min_p`` turned off: the logits processor
-    truncates the mixture with ``sampling`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args]).
+    Tandem requests (``tandem=True``) send vLLM's own temperature as 1 and ``top_k``/``top_p``/``min_p`` turned off:
+    the logits processor scales both models and truncates the mixture with ``sampling``
+    ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args]), on either model runner.
     Solo senior requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
 
     Args:
@@ -162,7 +163,7 @@ def request_fields(
                 f"the senior's logits alone in vLLM, and {list(SAMPLING_FIELDS)} come from the sampling settings "
                 "(GRPOConfig's fields of those names)."
             )
-    truncation = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} if tandem else {}
+    truncation = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if tandem else {}
     return {
         "n": 1,
         **sampling.to_dict(),
