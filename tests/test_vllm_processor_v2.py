@@ -273,3 +273,96 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
     assert [new != old for new, old in resumed_slots] == [True, False]  # both ways back were taken
     if mode == "whole_unit":
         assert switching_seen > 0, "the steps must reach handoffs within B"
+
+
+def test_expanded_rows_and_speculative_engines_are_refused(tiny_tokenizer):
+    """Speculative decoding gives a request several logits rows: refused when the engine is built and, should a
+    batch of them reach the processor anyway, in ``apply``."""
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(tiny_tokenizer), [1])
+    runner = _Runner(_processor(tables), tables, torch.Generator().manual_seed(0))
+    with pytest.raises(ValueError, match="does not support speculative decoding"):
+        _processor(tables, speculative_config=SimpleNamespace(method="ngram"))(runner.req_states)
+    runner.add("spec", [2, 3], [], _tandem_params(1, "spec", HandoffRule(), SamplingSettings()))
+    vocab = tables.vocab_size
+    with pytest.raises(RuntimeError, match="one row per request \\(no speculative decoding\\)"):
+        runner.step(["spec"], torch.randn(3, vocab), torch.randn(3, vocab), extra_rows=2)
+    runner.step(["spec"], torch.randn(1, vocab), torch.randn(1, vocab))  # one row: fine
+    pop_records(["spec"])
+
+
+def test_v2_requests_come_at_temperature_one():
+    """vLLM applies the request's temperature after the V2 processor: a tandem request must be sent at 1 with its
+    temperature in the extra args (the form request_fields and tandem_extra_args build)."""
+    rule = HandoffRule()
+    good = _tandem_params(0, "t", rule, SamplingSettings(temperature=0.6))
+    assert good.temperature == 1.0 and good.extra_args["tandem_temperature"] == 0.6
+    TandemLogitsProcessorV2.validate_params(good)
+    TandemLogitsProcessorV2.validate_params(SamplingParams(temperature=0.6))  # not a tandem request: not ours
+    older = {k: v for k, v in tandem_extra_args(0, "t", rule).items() if k != "tandem_temperature"}
+    with pytest.raises(ValueError, match="sent at temperature 1.*tandem_temperature"):
+        TandemLogitsProcessorV2.validate_params(SamplingParams(temperature=0.6, extra_args=older))
+    with pytest.raises(ValueError, match="scaled by the logits processor: send SamplingParams\\(temperature=1.0\\)"):
+        TandemLogitsProcessorV2.validate_params(SamplingParams(temperature=0.6, extra_args=good.extra_args))
+    with pytest.raises(ValueError, match="must sample"):
+        TandemLogitsProcessorV2.validate_params(
+            SamplingParams(extra_args={**good.extra_args, "tandem_temperature": 0.0})
+        )
+
+
+PROCESSOR_FILE = "tandem_grpo/vllm/processor_v2.py"
+_SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
+
+
+def _count_apply(runner: _Runner, order: list[str], vocab: int, monkeypatch) -> tuple[int, int]:
+    """(host syncs, Python lines executed) during one sampler call of the processor (``apply`` alone)."""
+    import sys
+
+    runner.processor.apply_staged_writes()
+    senior, junior = torch.randn(len(order), vocab), torch.randn(len(order), vocab)
+    syncs, lines = [0], [0]
+    for name in _SYNCS:
+        original = getattr(torch.Tensor, name)
+
+        def counted(self, *args, _original=original, **kwargs):
+            syncs[0] += 1
+            return _original(self, *args, **kwargs)
+
+        monkeypatch.setattr(torch.Tensor, name, counted)
+
+    def tracer(frame, event, arg):
+        if event == "line" and frame.f_code.co_filename.endswith(PROCESSOR_FILE):
+            lines[0] += 1
+        return tracer
+
+    apply = runner.processor.apply
+    sys.settrace(tracer)
+    try:
+        runner.processor.apply = lambda logits, ctx: apply(logits, ctx)
+        runner.step(order, senior, junior)
+    finally:
+        sys.settrace(None)
+        monkeypatch.undo()
+    return syncs[0], lines[0]
+
+
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_a_v2_step_has_no_host_sync_and_no_per_request_loop(tiny_tokenizer, monkeypatch, mode):
+    """A plain step reads nothing back from the device (async scheduling can run ahead) and runs as many lines of
+    the processor for 2 requests as for 5, with rows in another order each time."""
+    tables = BoundaryTables.from_tokenizer(tiny_tokenizer, len(tiny_tokenizer), [1])
+    vocab = tables.vocab_size
+    counts = {}
+    for size in (2, 5):
+        generator = torch.Generator().manual_seed(size)
+        runner = _Runner(_processor(tables), tables, generator)
+        uids = [f"sync-{mode}-{size}-{k}" for k in range(size)]
+        settings = SamplingSettings(temperature=0.8, top_p=0.9)
+        for k, uid in enumerate(uids):
+            runner.add(uid, [2, 3], [], _tandem_params(k, uid, HandoffRule("word", 0.5, 4, mode), settings))
+        for _ in range(3):
+            out = runner.step(uids, torch.randn(size, vocab, generator=generator), torch.randn(size, vocab))
+            runner.commit(uids, torch.multinomial(out.softmax(-1), 1, generator=generator).squeeze(1))
+        counts[size] = _count_apply(runner, uids[::-1], vocab, monkeypatch)
+        pop_records(uids)
+    assert counts[2][0] == counts[5][0] == 0, counts
+    assert counts[2][1] == counts[5][1] > 0, counts
