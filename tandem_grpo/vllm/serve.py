@@ -96,9 +96,13 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     import json
 
     from ..models import resolve_model_path
+    from ._compat import check_engine_options
     from .engine import engine_kwargs
 
     options = _engine_options(extra_args or [])
+    if getattr(script_args, "speculative_config", None) is not None:  # TRL's own flag, forwarded by build_command
+        options["speculative_config"] = script_args.speculative_config
+    check_engine_options(options)  # before the model is resolved or read
     script_args.model = resolve_model_path(script_args.model)
     if script_args.vllm_model_impl == "transformers":
         raise ValueError("--vllm_model_impl transformers cannot host the tandem model; use vllm (the default).")
