@@ -153,16 +153,7 @@ class TandemVLLMGeneration(VLLMGeneration):
             original_llm = _trl_vllm_generation.LLM
 
             def tandem_llm(*args, **kwargs):
-                kwargs.update(extra)
-                kwargs.update(self.llm_kwargs)
-                # The training model already sits in this process: see build_llm on the CPU KV-cache size.
-                if cpu_kv_cache_default(kwargs):
-                    kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-                if kwargs.get("enable_sleep_mode"):
-                    kept = list(kwargs.get("sleep_preserve_parameter_names") or [])
-                    kwargs["sleep_preserve_parameter_names"] = [*kept, JUNIOR_SLEEP_PATTERN]
-                select_processor(kwargs)
-                return original_llm(*args, **kwargs)
+                return original_llm(*args, **self.engine_options(kwargs, extra))
 
             with _swap_attr(_trl_vllm_generation, "LLM", tandem_llm):
                 super()._init_vllm()
@@ -186,6 +177,21 @@ class TandemVLLMGeneration(VLLMGeneration):
                     )
         else:
             super()._init_vllm()  # raises TRL's error for an unknown mode
+
+    def engine_options(self, trl_kwargs: dict, tandem_kwargs: dict) -> dict:
+        """The ``vllm.LLM`` keyword arguments of the colocated engine: TRL's (``trl_kwargs``), the tandem engine's
+        ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]), ``llm_kwargs``; on a CPU an explicit KV cache;
+        with sleep mode, ``junior.*`` added to ``sleep_preserve_parameter_names``; the logits processor of the runner
+        vLLM will pick ([`select_processor`][tandem_grpo.vllm.engine.select_processor])."""
+        kwargs = {**trl_kwargs, **tandem_kwargs, **self.llm_kwargs}
+        # The training model already sits in this process: see build_llm on the CPU KV-cache size.
+        if cpu_kv_cache_default(kwargs):
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if kwargs.get("enable_sleep_mode"):
+            kept = list(kwargs.get("sleep_preserve_parameter_names") or [])
+            kwargs["sleep_preserve_parameter_names"] = [*kept, JUNIOR_SLEEP_PATTERN]
+        select_processor(kwargs)
+        return kwargs
 
     def sync_weights(self) -> None:
         """Push the training model's weights into the senior (module docstring); the junior is never touched."""
