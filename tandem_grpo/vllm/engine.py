@@ -62,7 +62,7 @@ def engine_eos_token_ids(model: str, trust_remote_code: bool = False) -> list[in
 
 def select_processor(kwargs: dict) -> str:
     """Give ``kwargs`` (``vllm.LLM`` keyword arguments, changed in place) the tandem logits processor of the model
-    runner vLLM will pick for them ([`model_runner`][tandem_grpo.vllm._compat.model_runner]) and return that runner.
+    runner vLLM will pick for them (``tandem_grpo.vllm._compat.model_runner``) and return that runner.
 
     Model Runner V2 (``"v2"``): [`TandemLogitsProcessorV2`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2],
     async scheduling as the options have it (vLLM's default: on). V1 (``"v1"``, vLLM 0.31-0.33 without Triton, as on
@@ -71,7 +71,7 @@ def select_processor(kwargs: dict) -> str:
 
     Raises:
         ValueError: an option the tandem engine refuses
-            ([`check_engine_options`][tandem_grpo.vllm._compat.check_engine_options]).
+            (``tandem_grpo.vllm._compat.check_engine_options``).
     """
     check_engine_options(kwargs)
     runner = model_runner(kwargs)

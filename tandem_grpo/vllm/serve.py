@@ -90,7 +90,7 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
 
     Raises:
         ValueError: the junior's vocabulary differs from the senior's, or a flag the tandem engine refuses
-            ([`check_engine_options`][tandem_grpo.vllm._compat.check_engine_options]).
+            (``tandem_grpo.vllm._compat.check_engine_options``).
         ImportError: vLLM missing or older than the minimum version.
     """
     import json
