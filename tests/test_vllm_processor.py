@@ -31,7 +31,7 @@ from tandem_grpo.handoff import (  # noqa: E402
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
 from tandem_grpo.vllm.processor import TandemLogitsProcessor  # noqa: E402
-from tandem_grpo.vllm.request_args import tandem_extra_args  # noqa: E402
+from tandem_grpo.vllm.request_args import TEMPERATURE_KEY, tandem_extra_args  # noqa: E402
 from tandem_grpo.vllm.side_records import STATE_FIELDS, _Record, pack_state, pop_records, unpack_state  # noqa: E402
 
 pytestmark = pytest.mark.vllm
@@ -72,9 +72,12 @@ def test_processor_follows_the_handoff_rule(tiny_tokenizer, granularity, mode):
     uids = [f"u-{granularity}-{mode}-{s}" for s in seeds]
     prompts = [[2, 3], [4], [5, 6, 7]]
     outputs: list[list[int]] = [[], [], []]
+    # The older request form: no tandem_temperature, the temperature in SamplingParams (vLLM applies it to the senior).
     params = [
         SamplingParams(
-            temperature=temperature, repetition_penalty=repetition, extra_args=tandem_extra_args(s, u, rule)
+            temperature=temperature,
+            repetition_penalty=repetition,
+            extra_args={k: v for k, v in tandem_extra_args(s, u, rule).items() if k != TEMPERATURE_KEY},
         )
         for s, u in zip(seeds, uids, strict=True)
     ]
@@ -202,7 +205,8 @@ def test_processor_resumes_a_preempted_request(tiny_tokenizer):
 def test_processor_mixes_and_truncates_like_the_transformers_loop(tiny_model_dirs, tiny_tokenizer):
     """Same logits and state in, same distribution out: the processor (junior logits 3 columns wider, padding that
     copies real word starts) and :func:`tandem_grpo.generation.next_token_logprobs` (what ``tandem_generate`` draws
-    from), at word granularity with a junior that differs from the senior and top-k, top-p and min-p all set."""
+    from), at word granularity with a junior that differs from the senior and temperature, top-k, top-p and min-p all
+    set (the request form ``request_fields`` sends: temperature 1, the real one in the extra args)."""
     from transformers import AutoModelForCausalLM
 
     senior, junior = (AutoModelForCausalLM.from_pretrained(path).eval() for path in tiny_model_dirs)
@@ -215,8 +219,7 @@ def test_processor_mixes_and_truncates_like_the_transformers_loop(tiny_model_dir
     prompts = [tiny_tokenizer(text).input_ids for text in ("ab c", "d e", "f.\ng", "h")]
     outputs: list[list[int]] = [[] for _ in seeds]
     params = [
-        SamplingParams(temperature=sampling.temperature, extra_args=tandem_extra_args(s, f"mix-{s}", rule, sampling))
-        for s in seeds
+        SamplingParams(temperature=1.0, extra_args=tandem_extra_args(s, f"mix-{s}", rule, sampling)) for s in seeds
     ]
     TandemLogitsProcessor.validate_params(params[0])
     added = [(k, params[k], prompts[k], outputs[k]) for k in range(len(seeds))]
@@ -234,7 +237,7 @@ def test_processor_mixes_and_truncates_like_the_transformers_loop(tiny_model_dir
         senior_logits, junior_logits = last_logits(senior), last_logits(junior)
         padded = torch.cat([junior_logits, junior_logits[:, 10:13]], dim=1)  # ids 25-27 copy " a", " b", " c"
         put_junior_logits(padded)
-        out = processor.apply(senior_logits / sampling.temperature)  # vLLM applied the temperature already
+        out = processor.apply(senior_logits.clone())  # vLLM's temperature is 1: the processor applies the real one
 
         expected = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history=None)
         torch.testing.assert_close(out, expected, atol=1e-5, rtol=1e-5)
@@ -302,7 +305,7 @@ def _steady_batch(tables: BoundaryTables, rows: int, mode: str):
     outputs: list[list[int]] = [[] for _ in range(rows)]
     uids = [f"steady-{mode}-{rows}-{k}" for k in range(rows)]
     added = [
-        (k, SamplingParams(temperature=0.8, extra_args=tandem_extra_args(k, uids[k], rule)), [2, 3], outputs[k])
+        (k, SamplingParams(extra_args=tandem_extra_args(k, uids[k], rule, SamplingSettings(0.8))), [2, 3], outputs[k])
         for k in range(rows)
     ]
     processor.update_state(BatchUpdate(batch_size=rows, removed=[], added=added, moved=[]))

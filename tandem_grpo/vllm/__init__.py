@@ -1,8 +1,9 @@
 """Tandem co-generation inside one vLLM engine (TRL colocate and server modes).
 
 Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + frozen junior, own KV caches),
-[`processor`][tandem_grpo.vllm.processor] (the v1 logits processor that mixes them with
-[`tandem_grpo.handoff`][tandem_grpo.handoff]), [`worker`][tandem_grpo.vllm.worker] (RPCs),
+[`processor`][tandem_grpo.vllm.processor] and [`processor_v2`][tandem_grpo.vllm.processor_v2] (the logits processors,
+for vLLM's Model Runner V1 and V2, that mix them with [`tandem_grpo.handoff`][tandem_grpo.handoff]),
+[`worker`][tandem_grpo.vllm.worker] (RPCs),
 [`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
 [`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
 [`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),

