@@ -76,11 +76,15 @@ class ScriptArguments:
     held_out_problems: int = field(
         default=50,
         metadata={"help": "Held-out problems on which the senior is sampled alone before and after training (0: "
-                  "none): built-in problems from the same stream that do not occur in training, else the first rows "
-                  "of --held_out_split. Single-process runs only."},
+                  "none): built-in problems from the same stream that do not occur in training; with --dataset_name "
+                  "the first rows of --held_out_split, only when it is given. Single-process runs only."},
     )  # fmt: skip
     held_out_samples: int = field(default=4, metadata={"help": "Samples per held-out problem (>= 1)."})
-    held_out_split: str = field(default="test", metadata={"help": "The --dataset_name split that is held out."})
+    held_out_split: str | None = field(
+        default=None,
+        metadata={"help": "The --dataset_name split to hold out (e.g. test); none of its questions may occur in the "
+                  "training rows. Default: no held-out check for --dataset_name."},
+    )  # fmt: skip
     cpu_threads: int | None = field(
         default=None,
         metadata={"help": "Torch threads for a single process on a machine without a GPU. Default: every core the "
@@ -155,11 +159,12 @@ def instruction_text(script_args: ScriptArguments) -> str:
 
 
 def load_problems(script_args: ScriptArguments, seed: int) -> tuple[Dataset, Dataset | None]:
-    """The training problems and the held-out ones (``None`` when ``--held_out_problems 0`` or in a multi-process
-    run, where the model may be sharded).
+    """The training problems and the held-out ones: ``None`` when ``--held_out_problems 0``, in a multi-process run
+    (the model may be sharded), or for ``--dataset_name`` without ``--held_out_split``.
 
     Raises:
-        ValueError: a bad ``--held_out_problems`` or ``--held_out_samples``, or a problem with the data (from
+        ValueError: a bad ``--held_out_problems`` or ``--held_out_samples``; a held-out split that cannot be loaded,
+            is the training split, or shares a question with the training rows; a problem with the data (from
             [`load_math_dataset`][tandem_grpo.data.load_math_dataset]).
     """
     if script_args.held_out_problems < 0 or script_args.held_out_samples < 1:
@@ -173,17 +178,28 @@ def load_problems(script_args: ScriptArguments, seed: int) -> tuple[Dataset, Dat
     if script_args.dataset_name is None:
         train, held_out = builtin_split(script_args.task, script_args.num_problems, wanted, seed=seed,
                                         instruction=instruction)  # fmt: skip
-        return train, held_out if wanted else None
+        if wanted and len(held_out) == 0:
+            print(f"train_math.py: --task {script_args.task} has no problem left outside the training ones; no "
+                  "held-out check.", file=sys.stderr)  # fmt: skip
+        return train, held_out if len(held_out) else None
     train = load_math_dataset(script_args.dataset_name, split=script_args.dataset_train_split,
                               limit=script_args.num_problems, instruction=instruction)  # fmt: skip
-    if not wanted:
+    split = script_args.held_out_split
+    if not wanted or split is None:
         return train, None
+    flag = f"--held_out_split {split}"
+    if split == script_args.dataset_train_split:
+        raise ValueError(f"{flag} is the training split (--dataset_train_split): hold out another split.")
     try:
-        held_out = load_math_dataset(script_args.dataset_name, split=script_args.held_out_split, limit=wanted,
-                                     instruction=instruction)  # fmt: skip
-    except (OSError, ValueError) as err:
-        raise ValueError(f"--held_out_split {script_args.held_out_split}: {err} Pass another split, or "
-                         "--held_out_problems 0 to train without the held-out check.") from err  # fmt: skip
+        held_out = load_math_dataset(script_args.dataset_name, split=split, limit=wanted, instruction=instruction)
+    except (OSError, ValueError, RuntimeError) as err:
+        raise ValueError(f"{flag}: {err} Pass another split, or leave out {flag}.") from err
+    questions = {conversation[0]["content"] for conversation in train["prompt"]}
+    shared = sum(conversation[0]["content"] in questions for conversation in held_out["prompt"])
+    if shared:
+        raise ValueError(f"{flag}: {shared} of its first {len(held_out)} questions also occur in the training rows "
+                         "(a single .jsonl file has one split whatever the flag says): hold out a split, file or "
+                         "folder of other problems.")  # fmt: skip
     return train, held_out
 
 
@@ -320,6 +336,8 @@ def main() -> None:
                 train_dataset=dataset,
                 peft_config=get_peft_config(model_args),
             )
+    if trainer.accelerator.is_main_process:  # a file from an earlier run in this folder would be read as this run's
+        Path(training_args.output_dir, "held_out.json").unlink(missing_ok=True)
     before = held_out_verdicts(trainer, held_out, script_args, "held-out, before training") if held_out else None
     train(trainer, resume)
     trainer.save_model(training_args.output_dir)

@@ -761,6 +761,19 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     levers = {"budget": {"results_dir": str(budget), "label": "budget", "grpo_from": str(lever)}}
     (row,) = regime_map.build_map(tmp_path / "map2", levers)
     assert row["minus_grpo"]["value"] == pytest.approx((0 - 1 + 0) / 3 / k) and row["keeps_up"] is True
+    # A GRPO sampled on other problems is refused, not paired, even where the lever's own pieces share a checksum.
+    for piece in (lever / "base" / "piece.json", budget / "seed-1" / "tandem" / "piece.json"):
+        piece.write_text(json.dumps(json.loads(piece.read_text()) | {"eval_problems_sha256": "a" * 64}))
+    other = tmp_path / "other"
+    shutil.copytree(lever, other)
+    results = json.loads((other / "seed-1" / "grpo" / "results.json").read_text())
+    results["settings"]["dataset"] = ["elsewhere.jsonl"]
+    (other / "seed-1" / "grpo" / "results.json").write_text(json.dumps(results))
+    piece = other / "seed-1" / "grpo" / "piece.json"
+    piece.write_text(json.dumps(json.loads(piece.read_text()) | {"eval_problems_sha256": "b" * 64}))
+    levers["budget"]["grpo_from"] = str(other)
+    with pytest.raises(ValueError, match="the map's pair"):
+        regime_map.build_map(tmp_path / "map3", levers)
 
 
 def test_a_pilot_on_other_held_out_problems_is_refused_before_training(study, tmp_path, monkeypatch, no_model_loading):

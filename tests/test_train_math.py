@@ -56,6 +56,55 @@ def test_the_main_job_trains_where_the_senior_learnt_and_the_config_keeps_the_pa
     assert TandemGRPOConfig(output_dir="unused").junior_probability == 0.5
 
 
+def _problems(folder: Path, name: str, numbers: range) -> Path:
+    path = folder / name
+    path.write_text("".join(json.dumps({"question": f"What is {n} + 1?", "answer": f"#### {n + 1}"}) + "\n"
+                            for n in numbers))  # fmt: skip
+    return path
+
+
+def test_held_out_problems_never_come_from_the_training_rows(train_math, tmp_path):
+    """Built-in problems are held out from the same stream; a dataset only with --held_out_split, refused when it is
+    the training split or shares a question with it (a single .jsonl file has one split whatever the flag)."""
+    parse = train_math.build_parser().parse_args_and_config
+    script, training, _ = parse(["--num_problems", "20", "--held_out_problems", "5"])
+    train, held_out = train_math.load_problems(script, training.seed)
+    assert len(train) == 20 and len(held_out) == 5
+    assert not {p[0]["content"] for p in held_out["prompt"]} & {p[0]["content"] for p in train["prompt"]}
+    assert train_math.load_problems(parse(["--held_out_problems", "0"])[0], 0)[1] is None
+
+    data = _problems(tmp_path, "train.jsonl", range(10))
+    script = parse(["--dataset_name", str(data), "--held_out_problems", "3"])[0]
+    assert train_math.load_problems(script, 0)[1] is None  # no --held_out_split: no check
+    script = parse(["--dataset_name", str(data), "--held_out_problems", "3", "--held_out_split", "test"])[0]
+    with pytest.raises(ValueError, match=r"--held_out_split test: 3 of its first 3 questions also occur"):
+        train_math.load_problems(script, 0)
+    script = parse(["--dataset_name", str(data), "--held_out_split", "train"])[0]
+    with pytest.raises(ValueError, match="is the training split"):
+        train_math.load_problems(script, 0)
+    folder = tmp_path / "set"
+    folder.mkdir()
+    _problems(folder, "train.jsonl", range(10))
+    _problems(folder, "test.jsonl", range(100, 110))
+    script = parse(["--dataset_name", str(folder), "--held_out_problems", "4", "--held_out_split", "test"])[0]
+    train, held_out = train_math.load_problems(script, 0)
+    assert len(train) == 10 and list(held_out["answer"]) == ["101", "102", "103", "104"]
+    script = parse(["--dataset_name", str(folder), "--held_out_split", "validation"])[0]
+    with pytest.raises(ValueError, match="--held_out_split validation: .*leave out --held_out_split"):
+        train_math.load_problems(script, 0)
+
+
+def test_held_out_report_pairs_before_and_after_and_says_so(train_math, tmp_path):
+    before = [[False, False], [True, False], [False, False]]
+    after = [[True, True], [True, False], [False, True]]
+    line = train_math.held_out_report(before, after, tmp_path)
+    saved = json.loads((tmp_path / "held_out.json").read_text())
+    assert (saved["before"], saved["after"]) == pytest.approx((1 / 6, 4 / 6))
+    assert saved["difference"]["value"] == pytest.approx(0.5) and saved["difference"]["num_problems"] == 3
+    assert saved["correct_per_problem"] == {"before": [0, 1, 0], "after": [2, 1, 1]}
+    assert line.startswith("The senior alone on 3 held-out problems x 2: 16.7% before training, 66.7% after, +50.0")
+
+
 def test_resume_argument_is_checked_before_the_model_loads(train_math, tmp_path):
     out = tmp_path / "out"
     assert train_math.resume_argument(_args(train_math, "--output_dir", str(out))) is None

@@ -98,8 +98,7 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
     pieces = _pieces(results_dir)
     # A lever that changes tandem's budget alone is read against the GRPO of the setting it changes ("grpo_from").
     grpo_pieces = _pieces(Path(lever["grpo_from"])) if "grpo_from" in lever else pieces
-    grpo = {seed: json.loads((folder / "results.json").read_text()) for seed, arm, _, folder in grpo_pieces
-            if arm == "grpo"}  # fmt: skip
+    grpo = {seed: folder for seed, arm, _, folder in grpo_pieces if arm == "grpo"}
     rows = []
     for seed, arm, p, folder in pieces:
         results = json.loads((folder / "results.json").read_text())
@@ -111,7 +110,10 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
                "base_pass@1": verdict["base_pass@1"], "pass@1": verdict["arm_pass@1"],
                "gain": verdict["difference"], "learnt": verdict["learnt"]}  # fmt: skip
         if arm != "grpo" and seed in grpo:
-            row["minus_grpo"] = _paired(results, grpo[seed], confidence, base_sha)
+            # A pair is compared by sha256 only where both pieces recorded the base piece's file; else by path.
+            pair_sha = sha if sha is not None and _problems_sha256(grpo[seed]) == base_sha else None
+            grpo_results = json.loads((grpo[seed] / "results.json").read_text())
+            row["minus_grpo"] = _paired(results, grpo_results, confidence, pair_sha)
             gap = row["minus_grpo"]
             row["keeps_up"] = bool(gap["value"] >= -KEEPS_UP_POINTS or gap["ci_high"] >= 0)
         rows.append(row)

@@ -9,7 +9,7 @@ import datasets
 
 from .instructions import INSTRUCTION
 
-__all__ = ["BUILTIN_TASKS", "arithmetic_chains", "arithmetic_word_problems", "builtin_problems"]
+__all__ = ["BUILTIN_TASKS", "arithmetic_chains", "arithmetic_word_problems", "builtin_problems", "builtin_split"]
 
 _NAMES: tuple[tuple[str, str], ...] = (
     ("Mia", "she"),
