@@ -12,7 +12,7 @@ earlier ``seeds.json``), the
 trainer's ``train_runtime``, and the mean format, team and accuracy reward over the first and the last ``--window``
 steps with their difference and its bootstrap 95% interval (resampling the steps of each window). It writes
 ``seeds.json`` and ``seeds.png`` (the three rewards per step, one line per seed) to ``--output_dir``. Arguments after
-``--`` go to train_math.py unchanged, e.g. ``-- --max_steps 10``.
+``--`` go to train_math.py unchanged, e.g. ``-- --max_steps 20``.
 """
 
 from __future__ import annotations
