@@ -2,7 +2,7 @@
 the senior's held-out solo accuracy before and after training (train_math.py's ``held_out.json``: paired over
 problems, with its interval), and the first and the last logged steps of each seed's reward curves.
 
-    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 90 min here)
+    python bench/main_job_seeds.py                          # seeds 0 1 2, one after the other (about 22 min each here)
     python bench/main_job_seeds.py --seeds 3 --window 10    # another seed, 10-step windows
     python bench/main_job_seeds.py --reuse                  # only re-read finished runs' log_history.json
 
