@@ -141,9 +141,10 @@ def paired_accuracy_difference(
     ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]).
 
     Args:
-        before, after: ``[P]`` per-problem accuracies in [0, 1], the same problems in the same order
+        before: ``[P]`` per-problem accuracies in [0, 1]
             ([`per_problem_accuracy`][tandem_grpo.evaluation.solo.per_problem_accuracy] of ``[P][n]`` verdicts, or
             correct counts divided by ``n``).
+        after: the same, on the same problems in the same order.
 
     Returns:
         ``{"before": mean accuracy, "after": mean accuracy, "difference": interval dict}`` (fractions, not points).
