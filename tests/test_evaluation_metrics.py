@@ -182,6 +182,48 @@ def test_paired_accuracy_difference_pairs_problem_by_problem():
         paired_accuracy_difference(before, after[:3])
 
 
+@pytest.mark.parametrize("n", [4, 5])
+def test_split_half_null_splits_like_a_fixed_split_of_exchangeable_samples(n):
+    """Enumerable toy: with c correct of n samples in a random order, the correct samples that land in the first and
+    second halves (sample indices [0, n//2) and [n//2, 2 * (n//2))) have an exact joint distribution; the random split
+    from the counts must draw it, so the null's expectation is 0."""
+    from collections import Counter
+    from itertools import combinations
+
+    from tandem_grpo.evaluation.solo import _split_halves
+
+    half, draws = n // 2, 40_000
+    for c in range(n + 1):
+        orders = list(combinations(range(n), c))  # which samples are correct, each placement equally likely
+        exact = Counter((sum(i < half for i in o), sum(half <= i < 2 * half for i in o)) for o in orders)
+        first, second = _split_halves([c] * draws, n, num_splits=1, seed=c)
+        drawn = Counter(zip(first[0].tolist(), second[0].tolist(), strict=True))
+        assert set(drawn) <= set(exact)
+        for pair, count in exact.items():
+            assert drawn[pair] / draws == pytest.approx(count / len(orders), abs=0.01), (c, pair)
+
+
+def test_split_half_null_holds_zero_and_refuses_what_it_cannot_split():
+    from tandem_grpo.evaluation.solo import split_half_null
+
+    counts = [0, 1, 2, 3, 4, 8, 5, 2] * 25
+    null = split_half_null(counts, 8)
+    assert null["num_problems"] == 200 and null["ci_low"] < 0 < null["ci_high"]
+    assert abs(null["value"]) < 0.002 and "halves of 4" in null["definition"]
+    # The range is that of a mean of 200 per-problem half differences: its spread from the counts' hypergeometric
+    # variance, var(a) = h * p * (1 - p) * (n - h) / (n - 1) with h = n / 2, and first - second = 2a - c.
+    p = [c / 8 for c in counts]
+    sd = (sum(4 * 4 * q * (1 - q) * 4 / 7 for q in p) ** 0.5) / 4 / len(counts)
+    assert null["ci_high"] == pytest.approx(1.96 * sd, rel=0.1)
+    assert split_half_null(counts, 8) == null  # seeded: the same null on a rerun
+    # Every problem solved by all or none: the halves cannot differ.
+    assert split_half_null([0, 4, 4], 4)["ci_high"] == 0.0
+    with pytest.raises(ValueError, match="at least 2 samples"):
+        split_half_null([1], 1)
+    with pytest.raises(ValueError, match="problem 1 has 5 correct of 4"):
+        split_half_null([1, 5], 4)
+
+
 def test_solo_verdicts_scores_k_samples_per_problem_against_their_own_gold(smollm2_tokenizer, monkeypatch):
     """Prompts are repeated k times problem-major and each completion is scored against its own problem's gold."""
     from tandem_grpo.backends import TransformersBackend

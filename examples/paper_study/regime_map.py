@@ -108,7 +108,8 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
         row = {"lever": name, "lever_label": lever["label"], "seed": seed, "arm": arm,
                "junior_probability": None if arm == "grpo" else p, "folder": str(folder),
                "base_pass@1": verdict["base_pass@1"], "pass@1": verdict["arm_pass@1"],
-               "gain": verdict["difference"], "learnt": verdict["learnt"]}  # fmt: skip
+               "gain": verdict["difference"], "learnt": verdict["learnt"], "null": verdict["null"]["arm"],
+               "base_null": verdict["null"]["base"]}  # fmt: skip
         if arm != "grpo" and seed in grpo:
             # A pair is compared by sha256 only where both pieces recorded the base piece's file; else by path.
             pair_sha = sha if sha is not None and _problems_sha256(grpo[seed]) == base_sha else None
@@ -139,12 +140,22 @@ def markdown_map(rows: list[dict]) -> str:
              "intervals (recomputed here, so an end can differ by 0.1 from a report's). Tandem keeps up where it is "
              f"within {100 * KEEPS_UP_POINTS:g} points of GRPO or the interval of the difference holds 0. A pilot "
              "finished by hand has pilot.json and no piece.json (tandem p 0.25).", "",
-             "| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up |",
-             "|---|---|---|---|---|---|---|"]  # fmt: skip
+             "The null is the same paired statistic between two random halves of 4 of each problem's 8 samples of "
+             "one model (the row's own), over 2000 random splits: its mean and central 95% range "
+             "(`tandem_grpo.evaluation.solo.split_half_null`). It is what sampling alone gives on these problems; a "
+             "gain or a gap reads against its width (slightly wide, since the halves have 4 samples, not 8).", "",
+             "| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up "
+             "| null: two halves of its samples (points) |",
+             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    bases = {}
     for r in rows:
         keeps = {True: "yes", False: "no"}.get(r.get("keeps_up"), "—")
         lines.append(f"| {r['lever_label']} | {r['seed']} | {_label(r)} | {100 * r['pass@1']:.1f}% "
-                     f"| {cell(r['gain'])} | {cell(r.get('minus_grpo'))} | {keeps} |")  # fmt: skip
+                     f"| {cell(r['gain'])} | {cell(r.get('minus_grpo'))} | {keeps} | {cell(r['null'])} |")  # fmt: skip
+        bases.setdefault(r["lever_label"], (r["base_pass@1"], r["base_null"]))
+    lines.append("")
+    lines += [f"- {label}: the base's solo pass@1 {100 * p:.1f}%, null {cell(null)} points."
+              for label, (p, null) in bases.items()]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
