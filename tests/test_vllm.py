@@ -319,6 +319,50 @@ def test_a_junior_reload_reaches_the_junior_kernels(engine, prompts):
     assert diff(junior_before, junior_restored) < 1e-4 and diff(senior_restored, junior_restored) < 1e-4
 
 
+def test_a_senior_reload_of_a_tied_embedding_reaches_the_output_head(engine, prompts):
+    """SmolLM2 ties its output head to the input embedding. vLLM's CPU backend packs the head's weight for its GEMM
+    at load, and its layerwise reload refills the shared tensor through the embedding only: without
+    ``repack_tied_layers`` the engine sampled from the synced body with the base's head (logprobs off by up to 2.9
+    nats here). After a sync that moves the embedding, the engine's senior must match transformers' model with the
+    same weights, not the one with the old head."""
+    from transformers import AutoModelForCausalLM
+
+    from tandem_grpo.vllm.model import iter_checkpoint
+
+    path, llm = engine
+    model = llm.llm_engine.model_executor.driver_worker.model_runner.model
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    assert hf.config.tie_word_embeddings
+    name = "model.embed_tokens.weight"
+    original = dict(iter_checkpoint(path))
+    torch.manual_seed(0)
+    moved = original[name] + 0.02 * torch.randn_like(original[name])
+
+    def engine_logprobs():
+        uids = new_uids(1)
+        params = sampling_params(None, [0], uids, None, max_tokens=1, generation_kwargs={"logprobs": 20})
+        out = llm.generate([{"prompt_token_ids": prompts[1]}], sampling_params=params, use_tqdm=False)
+        llm.collective_rpc("tandem_pop_records", args=(uids,))
+        return {token: lp.logprob for token, lp in out[0].outputs[0].logprobs[0].items()}
+
+    def hf_logprobs(head):
+        with torch.no_grad():
+            hf.model.embed_tokens.weight.copy_(moved)
+            hidden = hf.model(torch.tensor([prompts[1]])).last_hidden_state[0, -1]
+            return torch.log_softmax(hidden @ head.T, -1)
+
+    try:
+        model.reload_senior(list(dict(original, **{name: moved}).items()))
+        llm.reset_prefix_cache()
+        got = engine_logprobs()
+    finally:
+        model.reload_senior(list(original.items()))
+        llm.reset_prefix_cache()
+    new_head, old_head = hf_logprobs(moved), hf_logprobs(original[name])
+    assert max(abs(lp - new_head[t].item()) for t, lp in got.items()) < 1e-3
+    assert max(abs(lp - old_head[t].item()) for t, lp in got.items()) > 0.5
+
+
 def test_a_junior_reload_leaves_the_seniors_decoding_alone(engine, prompts):
     """After ``reload_junior`` with other weights, a co-generated request the senior writes alone (junior
     probability 0, both models running) decodes with the senior's own log-probs: each sampled token's log-prob
