@@ -761,6 +761,7 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     text = (tmp_path / "map" / "map.md").read_text()
     assert (tmp_path / "map" / "map.png").stat().st_size > 0 and "tandem p 0.1" in text
     assert "| null: two halves of its samples (points) |" in text and "- a lever: the base's solo pass@1 8.3%" in text
+    assert "stale head" not in text and not grpo["stale_head"]
 
     # A lever that trains tandem alone (the budget) is read against the GRPO of the folder it names.
     budget = tmp_path / "budget"
@@ -768,9 +769,10 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     (budget / "base").symlink_to(lever / "base")
     shutil.copytree(lever / "seed-1" / "tandem", budget / "seed-1" / "tandem")
     _set_solo(budget / "seed-1" / "tandem", [4, 3, 2])
-    levers = {"budget": {"results_dir": str(budget), "label": "budget", "grpo_from": str(lever)}}
+    levers = {"budget": {"results_dir": str(budget), "label": "budget", "grpo_from": str(lever), "stale_head": "all"}}
     (row,) = regime_map.build_map(tmp_path / "map2", levers)
     assert row["minus_grpo"]["value"] == pytest.approx((0 - 1 + 0) / 3 / k) and row["keeps_up"] is True
+    assert row["stale_head"] and "| tandem p 0.5 (stale head) |" in (tmp_path / "map2" / "map.md").read_text()
     # A GRPO sampled on other problems is refused, not paired, even where the lever's own pieces share a checksum.
     for piece in (lever / "base" / "piece.json", budget / "seed-1" / "tandem" / "piece.json"):
         piece.write_text(json.dumps(json.loads(piece.read_text()) | {"eval_problems_sha256": "a" * 64}))

@@ -21,6 +21,7 @@ LEVERS: dict[str, dict[str, str]] = {
     "cpu-paper": {
         "results_dir": "results/cpu-paper",
         "label": "cpu-paper: last number read, 2 prompts x 8, 30 steps",
+        "stale_head": "every piece",
     },
     "answer-line": {
         "results_dir": "results/map/answer-line",
@@ -34,7 +35,8 @@ LEVERS: dict[str, dict[str, str]] = {
 }
 """The levers of the map, in the order shown: name -> the study folder (``results_dir``), what it changes (``label``)
 and, for a lever that trains tandem alone, the folder whose GRPO it is read against (``grpo_from``; its base piece is
-the same one, linked into ``results_dir``)."""
+the same one, linked into ``results_dir``). ``stale_head`` names the pieces whose rollouts were sampled with the base's
+output head (vLLM on a CPU before ``vllm.model.repack_tied_layers``; CHANGELOG, Fixed): the map marks them."""
 
 KEEPS_UP_POINTS = 0.05
 """Tandem keeps up where its solo pass@1 is within 5 points of GRPO's, or the interval of the difference holds 0."""
@@ -109,7 +111,7 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
                "junior_probability": None if arm == "grpo" else p, "folder": str(folder),
                "base_pass@1": verdict["base_pass@1"], "pass@1": verdict["arm_pass@1"],
                "gain": verdict["difference"], "learnt": verdict["learnt"], "null": verdict["null"]["arm"],
-               "base_null": verdict["null"]["base"]}  # fmt: skip
+               "base_null": verdict["null"]["base"], "stale_head": "stale_head" in lever}  # fmt: skip
         if arm != "grpo" and seed in grpo:
             # A pair is compared by sha256 only where both pieces recorded the base piece's file; else by path.
             pair_sha = sha if sha is not None and _problems_sha256(grpo[seed]) == base_sha else None
@@ -150,12 +152,19 @@ def markdown_map(rows: list[dict]) -> str:
     bases = {}
     for r in rows:
         keeps = {True: "yes", False: "no"}.get(r.get("keeps_up"), "—")
-        lines.append(f"| {r['lever_label']} | {r['seed']} | {_label(r)} | {100 * r['pass@1']:.1f}% "
+        stale = " (stale head)" if r["stale_head"] else ""
+        lines.append(f"| {r['lever_label']} | {r['seed']} | {_label(r)}{stale} | {100 * r['pass@1']:.1f}% "
                      f"| {cell(r['gain'])} | {cell(r.get('minus_grpo'))} | {keeps} | {cell(r['null'])} |")  # fmt: skip
         bases.setdefault(r["lever_label"], (r["base_pass@1"], r["base_null"]))
     lines.append("")
     lines += [f"- {label}: the base's solo pass@1 {100 * p:.1f}%, null {cell(null)} points."
               for label, (p, null) in bases.items()]  # fmt: skip
+    if any(r["stale_head"] for r in rows):
+        lines += ["", "(stale head): the piece's training rollouts were sampled by vLLM on a CPU with the base's "
+                  "output head and the synced body (SmolLM2 ties its head to the input embedding, and vLLM's CPU "
+                  "reload did not repack it; fixed by `tandem_grpo.vllm.model.repack_tied_layers`). Its evaluation "
+                  "loaded the trained model whole. docs/reproducing.md says what rerunning with the fix "
+                  "changed."]  # fmt: skip
     return "\n".join(lines) + "\n"
 
 
@@ -175,7 +184,7 @@ def plot_map(rows: list[dict], path: Path) -> None:
         x = 100 * g["value"]
         ax.errorbar(x, y, xerr=[[x - 100 * g["ci_low"]], [100 * g["ci_high"] - x]], fmt="o",
                     color=colours.get(r["arm"], "grey"), capsize=3)  # fmt: skip
-        labels.append(f"{r['lever']} · seed {r['seed']} · {_label(r)}")
+        labels.append(f"{r['lever']} · seed {r['seed']} · {_label(r)}" + (" (stale head)" if r["stale_head"] else ""))
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(labels)), labels, fontsize=8)
     ax.set_xlabel("held-out solo pass@1 gain over the base (points, 95% paired bootstrap CI)")
