@@ -27,6 +27,10 @@ LEVERS: dict[str, dict[str, str]] = {
         "results_dir": "results/map/answer-line",
         "label": "answer line: only a stated 'Answer:' read (reward and evaluation)",
     },
+    "fixed-head": {
+        "results_dir": "results/map/fixed-head",
+        "label": "cpu-paper rerun with the fixed tied head (repack_tied_layers)",
+    },
     "budget": {
         "results_dir": "results/map/budget",
         "label": "budget: tandem on 4 prompts x 8 a step, as many senior tokens as GRPO's 2 x 8",
