@@ -11,7 +11,7 @@ Each seed trains in ``<output_dir>/seed-<s>`` (a run whose ``log_history.json`` 
 earlier ``seeds.json``), the
 trainer's ``train_runtime``, and the mean format, team and accuracy reward over the first and the last ``--window``
 steps with their difference and its bootstrap 95% interval (resampling the steps of each window); and the held-out
-difference beside its null, two halves of the untrained senior's own samples (``split_half_null``). It writes
+difference beside its null, two halves of the pooled before and after samples (``permutation_null``). It writes
 ``seeds.json`` and ``seeds.png`` (the three rewards per step, one line per seed) to ``--output_dir``. Arguments after
 ``--`` go to train_math.py unchanged, e.g. ``-- --max_steps 20``.
 """
@@ -27,7 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tandem_grpo.evaluation.solo import split_half_null
+from tandem_grpo.evaluation.solo import permutation_null
 
 ROOT = Path(__file__).resolve().parents[1]
 CURVES = {"format": "rewards/format_reward/mean", "team": "reward", "accuracy": "rewards/accuracy_reward/mean"}
@@ -121,8 +121,9 @@ def main() -> None:
         held_out = folder / "held_out.json"
         h = results[seed]["held_out"] = json.loads(held_out.read_text()) if held_out.is_file() else None
         if h is not None:  # from the counts, so a held_out.json that predates its "null" is read the same way
-            results[seed]["held_out_null"] = split_half_null(h["correct_per_problem"]["before"],
-                                                             h["samples_per_problem"])  # fmt: skip
+            counts = h["correct_per_problem"]
+            results[seed]["held_out_null"] = permutation_null(counts["before"], counts["after"],
+                                                              h["samples_per_problem"])  # fmt: skip
     root.mkdir(parents=True, exist_ok=True)
     (root / "seeds.json").write_text(json.dumps({"window": args.window, "extra_args": extra, "seeds": results},
                                                 indent=1))  # fmt: skip
@@ -146,9 +147,8 @@ def main() -> None:
         null = r["held_out_null"]
         print(
             f"seed {seed} ({h['problems']} problems x {h['samples_per_problem']}): {h['before']:.1%} -> "
-            f"{h['after']:.1%}, {d['value']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]; null (two halves "
-            f"of the untrained senior's samples) {100 * null['value']:+.1f} [{100 * null['ci_low']:+.1f}, "
-            f"{100 * null['ci_high']:+.1f}]"
+            f"{h['after']:.1%}, {d['value']:+.1f} points [{d['ci_low']:+.1f}, {d['ci_high']:+.1f}]; sampling alone "
+            f"(two halves of the pooled samples) gives ±{100 * null['ci_high']:.1f}, p {null['p_value']:.3f}"
         )
     measured = [r["held_out"] for r in results.values() if r["held_out"] is not None]
     senior = sum(h["difference"]["ci_low"] > 0 for h in measured)

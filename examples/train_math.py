@@ -43,7 +43,7 @@ from tandem_grpo.cli import usage_errors
 from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_split, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.evaluation.held_out import solo_verdicts
-from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy, split_half_null
+from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy, permutation_null
 from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
@@ -212,9 +212,8 @@ def held_out_verdicts(trainer: TandemGRPOTrainer, held_out: Dataset, script_args
 
 
 def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path) -> str:
-    """Write ``held_out.json`` (accuracies, the paired difference with its 95% interval, its null from two halves of
-    the untrained senior's samples when there are at least 2 a problem, the verdict counts) to ``out`` and return the
-    line that reports it."""
+    """Write ``held_out.json`` (accuracies, the paired difference with its 95% interval and its permutation null, the
+    verdict counts) to ``out`` and return the line that reports it."""
     result = paired_accuracy_difference(per_problem_accuracy(before), per_problem_accuracy(after))
     counts = {"before": [sum(r) for r in before], "after": [sum(r) for r in after]}
     k = len(before[0])
@@ -222,20 +221,17 @@ def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path
         "problems": len(before),
         "samples_per_problem": k,
         "correct_per_problem": counts,
-        "null": split_half_null(counts["before"], k) if k >= 2 else None,
+        "null": permutation_null(counts["before"], counts["after"], k),
         "definition": "the senior alone; per-problem accuracy after minus before, percentile bootstrap over problems",
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "held_out.json").write_text(json.dumps(result, indent=1))
-    points = {key: _points(result[key]) for key in ("difference", "null") if result[key]}
-    null = f"; null {points['null']} (two halves of its samples before training)" if "null" in points else ""
+    d, null = result["difference"], result["null"]
+    points = f"{100 * d['value']:+.1f} points [{100 * d['ci_low']:+.1f}, {100 * d['ci_high']:+.1f}]"
     return (f"The senior alone on {len(before)} held-out problems x {k}: {result['before']:.1%} before "
-            f"training, {result['after']:.1%} after, {points['difference']} (95% bootstrap over problems, paired)"
-            f"{null}; saved {out / 'held_out.json'}")  # fmt: skip
-
-
-def _points(interval: dict) -> str:
-    return f"{100 * interval['value']:+.1f} points [{100 * interval['ci_low']:+.1f}, {100 * interval['ci_high']:+.1f}]"
+            f"training, {result['after']:.1%} after, {points} (95% bootstrap over problems, paired; sampling alone "
+            f"gives ±{100 * null['ci_high']:.1f}, p {null['p_value']:.3f}); saved "
+            f"{out / 'held_out.json'}")  # fmt: skip
 
 
 def card_dataset(name: str | None) -> str | None:

@@ -182,46 +182,61 @@ def test_paired_accuracy_difference_pairs_problem_by_problem():
         paired_accuracy_difference(before, after[:3])
 
 
-@pytest.mark.parametrize("n", [4, 5])
-def test_split_half_null_splits_like_a_fixed_split_of_exchangeable_samples(n):
-    """Enumerable toy: with c correct of n samples in a random order, the correct samples that land in the first and
-    second halves (sample indices [0, n//2) and [n//2, 2 * (n//2))) have an exact joint distribution; the random split
-    from the counts must draw it, so the null's expectation is 0."""
+@pytest.mark.parametrize("n", [2, 4, 6])
+def test_the_permutation_null_splits_like_a_fixed_split_of_exchangeable_samples(n):
+    """Enumerable toy: with c correct of n pooled samples in a random order, the correct ones in the first half
+    (indices [0, n/2)) have an exact distribution over the equally likely placements; the split drawn from the counts
+    must follow it (so the null statistic, first half minus second, has expectation 0)."""
     from collections import Counter
     from itertools import combinations
 
     from tandem_grpo.evaluation.solo import _split_halves
 
-    half, draws = n // 2, 40_000
+    draws = 40_000
     for c in range(n + 1):
-        orders = list(combinations(range(n), c))  # which samples are correct, each placement equally likely
-        exact = Counter((sum(i < half for i in o), sum(half <= i < 2 * half for i in o)) for o in orders)
-        first, second = _split_halves([c] * draws, n, num_splits=1, seed=c)
-        drawn = Counter(zip(first[0].tolist(), second[0].tolist(), strict=True))
+        placements = list(combinations(range(n), c))
+        exact = Counter(sum(i < n // 2 for i in chosen) for chosen in placements)
+        drawn = Counter(_split_halves([c] * draws, n, num_splits=1, seed=c)[0].tolist())
         assert set(drawn) <= set(exact)
-        for pair, count in exact.items():
-            assert drawn[pair] / draws == pytest.approx(count / len(orders), abs=0.01), (c, pair)
+        for first, count in exact.items():
+            assert drawn[first] / draws == pytest.approx(count / len(placements), abs=0.01), (c, first)
 
 
-def test_split_half_null_holds_zero_and_refuses_what_it_cannot_split():
-    from tandem_grpo.evaluation.solo import split_half_null
+def test_the_permutation_null_is_sized_for_two_models_and_rejects_at_its_level():
+    """Two models with the same per-problem accuracy, sampled 8 times each on 60 problems: their paired difference
+    falls outside the null's 95% range (p below 0.05) about 5% of the time. Halves of one model's own 8 samples
+    (4 each) would give twice the variance (by the normal approximation, rejecting about 0.6% of the time)."""
+    import numpy as np
 
-    counts = [0, 1, 2, 3, 4, 8, 5, 2] * 25
-    null = split_half_null(counts, 8)
-    assert null["num_problems"] == 200 and null["ci_low"] < 0 < null["ci_high"]
-    assert abs(null["value"]) < 0.002 and "halves of 4" in null["definition"]
-    # The range is that of a mean of 200 per-problem half differences: its spread from the counts' hypergeometric
-    # variance, var(a) = h * p * (1 - p) * (n - h) / (n - 1) with h = n / 2, and first - second = 2a - c.
-    p = [c / 8 for c in counts]
-    sd = (sum(4 * 4 * q * (1 - q) * 4 / 7 for q in p) ** 0.5) / 4 / len(counts)
-    assert null["ci_high"] == pytest.approx(1.96 * sd, rel=0.1)
-    assert split_half_null(counts, 8) == null  # seeded: the same null on a rerun
-    # Every problem solved by all or none: the halves cannot differ.
-    assert split_half_null([0, 4, 4], 4)["ci_high"] == 0.0
-    with pytest.raises(ValueError, match="at least 2 samples"):
-        split_half_null([1], 1)
-    with pytest.raises(ValueError, match="problem 1 has 5 correct of 4"):
-        split_half_null([1, 5], 4)
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    rng = np.random.default_rng(1)
+    n, problems, trials = 8, 60, 300
+    rejected = 0
+    for _ in range(trials):
+        p = rng.beta(0.5, 1.5, problems)
+        before, after = rng.binomial(n, p).tolist(), rng.binomial(n, p).tolist()
+        rejected += (
+            permutation_null(before, after, n, num_splits=400, seed=int(rng.integers(1 << 30)))["p_value"] < 0.05
+        )
+    assert 0.02 <= rejected / trials <= 0.09
+
+
+def test_the_permutation_null_reads_the_observed_difference_and_refuses_bad_counts():
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    before, after = [0, 1, 2, 3, 4, 8, 5, 2] * 25, [1, 1, 3, 3, 5, 8, 6, 2] * 25
+    null = permutation_null(before, after, 8)
+    assert null["value"] == 0.0 and null["ci_low"] == -null["ci_high"] and null["num_problems"] == 200
+    assert null["p_value"] < 0.01 and "halves of 8" in null["definition"]  # +0.5 of 8 a problem on 200 problems
+    assert permutation_null(before, before, 8)["p_value"] == 1.0  # no difference: every split is as far from 0
+    assert permutation_null(before, after, 8) == null  # seeded: the same null on a rerun
+    assert permutation_null([0, 4, 4], [0, 4, 4], 4)["ci_high"] == 0.0  # all or none right: halves cannot differ
+    assert permutation_null([1], [0], 1)["ci_high"] == 1.0  # one sample a model: still two halves of the pool
+    with pytest.raises(ValueError, match="3 and 2 problems"):
+        permutation_null([1, 2, 3], [1, 2], 4)
+    with pytest.raises(ValueError, match="after: problem 1 has 5 correct of 4"):
+        permutation_null([1, 1], [1, 5], 4)
 
 
 def test_solo_verdicts_scores_k_samples_per_problem_against_their_own_gold(smollm2_tokenizer, monkeypatch):

@@ -619,11 +619,11 @@ def test_learnt_pairs_the_arm_with_the_base(study):
     entry["solo"]["correct_per_problem"] = [n] * problems  # every sample right: learnt
     verdict = study_pieces.learnt(base, arm)
     assert verdict["learnt"] and verdict["arm_pass@1"] == 1.0 and verdict["base_pass@1"] == 0.0
-    # The null: two halves of one model's samples; a model that solves all or none has identical halves.
-    assert {k: v["value"] for k, v in verdict["null"].items()} == {"base": 0.0, "arm": 0.0}
+    # The null: two halves of both models' pooled samples; all wrong against all right is the most extreme split.
+    assert verdict["null"]["p_value"] < 0.01 and "pooled" in verdict["null"]["definition"]
     entry["solo"]["correct_per_problem"] = [n // 2] * problems  # half right everywhere: halves can differ
-    null = study_pieces.learnt(base, arm)["null"]["arm"]
-    assert null["ci_low"] < 0 < null["ci_high"] and "halves" in null["definition"]
+    null = study_pieces.learnt(base, arm)["null"]
+    assert null["ci_low"] < 0 < null["ci_high"]
     entry["solo"]["correct_per_problem"] = [0] * problems  # no change: not learnt
     verdict = study_pieces.learnt(base, arm)
     assert not verdict["learnt"] and verdict["difference"]["value"] == 0.0
@@ -646,13 +646,13 @@ def test_the_report_refuses_a_piece_evaluated_otherwise(study, tmp_path):
 
 def test_the_report_says_whether_an_arm_learnt_got_worse_or_did_not_change():
     def entry(low, high):
-        null = {"value": 0.01, "ci_low": -0.02, "ci_high": 0.04}
-        return {"base_pass@1": 0.129, "arm_pass@1": 0.1, "learnt": low > 0, "null": {"base": null, "arm": null},
+        null = {"value": 0.0, "ci_low": -0.04, "ci_high": 0.04, "p_value": 0.2}
+        return {"base_pass@1": 0.129, "arm_pass@1": 0.1, "learnt": low > 0, "null": null,
                 "difference": {"value": (low + high) / 2, "ci_low": low, "ci_high": high}}  # fmt: skip
 
     lines = study_report.learnt_lines({"learnt": {1: {"grpo": entry(-0.10, -0.03), "tandem": entry(-0.02, 0.04)},
                                                   2: {"grpo": entry(0.01, 0.05)}}})  # fmt: skip
-    assert lines[0].endswith("(null: the base's halves +0.010 [-0.020, +0.040]): worse than the base")
+    assert lines[0].endswith("(null ±0.040, p 0.200): worse than the base")
     assert lines[1].endswith(": no significant change")
     assert lines[2].startswith("seed 1: GRPO did not learn")
     assert lines[3].endswith(": learnt") and len(lines) == 4
@@ -754,13 +754,15 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     assert tandem["gain"]["value"] == 0 and tandem["minus_grpo"]["value"] == pytest.approx(-(4 + 3 + 2) / 3 / k)
     assert tandem["keeps_up"] is False
     assert {(r["arm"], r["junior_probability"]) for r in rows} == set(by_arm) and len(rows) == len(by_arm)
-    # Each row's null is from its own samples' counts (two halves), the base's once per lever.
-    from tandem_grpo.evaluation.solo import split_half_null
+    # Each difference carries the permutation null of its own two pieces' counts.
+    from tandem_grpo.evaluation.solo import permutation_null
 
-    assert grpo["null"] == split_half_null([4, 4, 2], k) and tandem["base_null"] == split_half_null([0, 1, 0], k)
+    assert grpo["gain"]["null"] == permutation_null([0, 1, 0], [4, 4, 2], k)
+    assert p01["minus_grpo"]["null"] == permutation_null([4, 4, 2], [4, 4, 1], k)
     text = (tmp_path / "map" / "map.md").read_text()
     assert (tmp_path / "map" / "map.png").stat().st_size > 0 and "tandem p 0.1" in text
-    assert "| null: two halves of its samples (points) |" in text and "- a lever: the base's solo pass@1 8.3%" in text
+    assert f"(null ±{100 * p01['minus_grpo']['null']['ci_high']:.1f}, p " in text
+    assert "- a lever: the base's solo pass@1 8.3%." in text
     assert "stale head" not in text and not grpo["stale_head"]
 
     # A lever that trains tandem alone (the budget) is read against the GRPO of the folder it names.

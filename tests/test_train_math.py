@@ -103,11 +103,11 @@ def test_held_out_report_pairs_before_and_after_and_says_so(train_math, tmp_path
     assert saved["difference"]["value"] == pytest.approx(0.5) and saved["difference"]["num_problems"] == 3
     assert saved["correct_per_problem"] == {"before": [0, 1, 0], "after": [2, 1, 1]}
     assert line.startswith("The senior alone on 3 held-out problems x 2: 16.7% before training, 66.7% after, +50.0")
-    # The null: halves of the untrained senior's samples; only problem 1 (1 of 2 right) can split unevenly.
-    assert saved["null"]["ci_low"] == pytest.approx(-1 / 3) and saved["null"]["ci_high"] == pytest.approx(1 / 3)
-    assert "; null " in line
-    train_math.held_out_report([[True]], [[False]], tmp_path)  # one sample a problem: no halves
-    assert json.loads((tmp_path / "held_out.json").read_text())["null"] is None
+    # The null: two halves of the pooled before and after samples (permutation_null of the counts).
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    assert saved["null"] == permutation_null([0, 1, 0], [2, 1, 1], 2)
+    assert f"sampling alone gives ±{100 * saved['null']['ci_high']:.1f}, p " in line
 
 
 def test_resume_argument_is_checked_before_the_model_loads(train_math, tmp_path):

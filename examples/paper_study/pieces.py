@@ -163,8 +163,8 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
     """Did the arm learn? Its held-out solo pass@1 minus the base's, per problem (mean accuracy over the ``k``
     samples), with a percentile-bootstrap interval over problems (paired: both sampled the same problems);
     ``learnt`` is true when the whole interval is above 0. A comparison of arms that did not learn measures nothing.
-    ``null`` is the same statistic between two halves of the base's own samples and of the arm's
-    ([`split_half_null`][tandem_grpo.evaluation.solo.split_half_null]): what sampling alone gives.
+    ``null`` is the same statistic between two halves of both models' pooled samples, with the difference's
+    p-value ([`permutation_null`][tandem_grpo.evaluation.solo.permutation_null]): what sampling alone gives.
 
     Args:
         base, arm: the evaluation results (``results.json``) of the base piece and of the arm's piece or pilot.
@@ -175,7 +175,7 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
         ValueError: the two did not sample the same problems, numbers of samples or solo evaluation settings
             (``SOLO_EVALUATION``).
     """
-    from tandem_grpo.evaluation.solo import paired_accuracy_difference, split_half_null
+    from tandem_grpo.evaluation.solo import paired_accuracy_difference, permutation_null
 
     base_solo = base["junior"]["solo"]
     (entry,) = arm["checkpoints"].values()
@@ -194,10 +194,7 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
         "arm_pass@1": paired["after"],
         "difference": paired["difference"],
         "learnt": paired["difference"]["ci_low"] > 0,
-        "null": {
-            name: split_half_null(solo["correct_per_problem"], n, confidence)
-            for name, solo in (("base", base_solo), ("arm", arm_solo))
-        },  # fmt: skip
+        "null": permutation_null(base_solo["correct_per_problem"], arm_solo["correct_per_problem"], n, confidence),
         "definition": "per-problem mean accuracy of the arm minus the base's, bootstrap over problems (paired)",
     }
 

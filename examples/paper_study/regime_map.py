@@ -17,11 +17,11 @@ from pathlib import Path
 from .pieces import learnt
 from .plan import LABELS, PIECE_FILE, SOLO_EVALUATION, check_same_evaluation
 
-LEVERS: dict[str, dict[str, str]] = {
+LEVERS: dict[str, dict] = {
     "cpu-paper": {
         "results_dir": "results/cpu-paper",
         "label": "cpu-paper: last number read, 2 prompts x 8, 30 steps",
-        "stale_head": "every piece",
+        "stale_head": True,
     },
     "answer-line": {
         "results_dir": "results/map/answer-line",
@@ -35,12 +35,14 @@ LEVERS: dict[str, dict[str, str]] = {
         "results_dir": "results/map/budget",
         "label": "budget: tandem on 4 prompts x 8 a step, as many senior tokens as GRPO's 2 x 8",
         "grpo_from": "results/cpu-paper",
+        "stale_head": True,
     },
 }
 """The levers of the map, in the order shown: name -> the study folder (``results_dir``), what it changes (``label``)
 and, for a lever that trains tandem alone, the folder whose GRPO it is read against (``grpo_from``; its base piece is
-the same one, linked into ``results_dir``). ``stale_head`` names the pieces whose rollouts were sampled with the base's
-output head (vLLM on a CPU before ``vllm.model.repack_tied_layers``; CHANGELOG, Fixed): the map marks them."""
+the same one, linked into ``results_dir``). ``stale_head`` (true) marks a lever whose pieces, or the GRPO it reads,
+trained on rollouts that vLLM sampled on a CPU with the base's output head (before
+``vllm.model.repack_tied_layers``; CHANGELOG, Fixed)."""
 
 KEEPS_UP_POINTS = 0.05
 """Tandem keeps up where its solo pass@1 is within 5 points of GRPO's, or the interval of the difference holds 0."""
@@ -84,12 +86,17 @@ def _solo(results: dict) -> list[float]:
 
 
 def _paired(a: dict, b: dict, confidence: float, problems_sha256: str | None) -> dict:
-    """``a``'s per-problem solo accuracy minus ``b``'s, bootstrap over problems (the same problems and settings)."""
-    from tandem_grpo.evaluation.solo import paired_accuracy_difference
+    """``a``'s per-problem solo accuracy minus ``b``'s, bootstrap over problems (the same problems and settings), with
+    its permutation ``"null"``."""
+    from tandem_grpo.evaluation.solo import paired_accuracy_difference, permutation_null
 
     sha = {"eval_problems_sha256": problems_sha256}
     check_same_evaluation({"results": b} | sha, {"results": a} | sha, "the map's pair", SOLO_EVALUATION)
-    return paired_accuracy_difference(_solo(b), _solo(a), confidence)["difference"]
+    counts = [next(iter(r["checkpoints"].values()))["solo"] for r in (b, a)]
+    difference = paired_accuracy_difference(_solo(b), _solo(a), confidence)["difference"]
+    null = permutation_null(counts[0]["correct_per_problem"], counts[1]["correct_per_problem"],
+                            counts[0]["num_samples"], confidence)  # fmt: skip
+    return difference | {"null": null}
 
 
 def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> list[dict]:
@@ -114,8 +121,8 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
         row = {"lever": name, "lever_label": lever["label"], "seed": seed, "arm": arm,
                "junior_probability": None if arm == "grpo" else p, "folder": str(folder),
                "base_pass@1": verdict["base_pass@1"], "pass@1": verdict["arm_pass@1"],
-               "gain": verdict["difference"], "learnt": verdict["learnt"], "null": verdict["null"]["arm"],
-               "base_null": verdict["null"]["base"], "stale_head": "stale_head" in lever}  # fmt: skip
+               "gain": verdict["difference"] | {"null": verdict["null"]}, "learnt": verdict["learnt"],
+               "stale_head": bool(lever.get("stale_head"))}  # fmt: skip
         if arm != "grpo" and seed in grpo:
             # A pair is compared by sha256 only where both pieces recorded the base piece's file; else by path.
             pair_sha = sha if sha is not None and _problems_sha256(grpo[seed]) == base_sha else None
@@ -139,30 +146,32 @@ def markdown_map(rows: list[dict]) -> str:
     def cell(e: dict | None) -> str:
         if e is None:
             return "—"
-        return f"{100 * e['value']:+.1f} [{100 * e['ci_low']:+.1f}, {100 * e['ci_high']:+.1f}]"
+        null = e["null"]
+        p = "p < 0.001" if null["p_value"] < 0.001 else f"p {null['p_value']:.3f}"
+        return (f"{100 * e['value']:+.1f} [{100 * e['ci_low']:+.1f}, {100 * e['ci_high']:+.1f}] "
+                f"(null ±{100 * null['ci_high']:.1f}, {p})")  # fmt: skip
 
     lines = ["Held-out solo pass@1 of each committed piece (100 problems x 8 samples): its gain over its lever's base "
              "piece and its difference from the same seed's GRPO, per problem, paired, with 95% percentile-bootstrap "
              "intervals (recomputed here, so an end can differ by 0.1 from a report's). Tandem keeps up where it is "
              f"within {100 * KEEPS_UP_POINTS:g} points of GRPO or the interval of the difference holds 0. A pilot "
              "finished by hand has pilot.json and no piece.json (tandem p 0.25).", "",
-             "The null is the same paired statistic between two random halves of 4 of each problem's 8 samples of "
-             "one model (the row's own), over 2000 random splits: its mean and central 95% range "
-             "(`tandem_grpo.evaluation.solo.split_half_null`). It is what sampling alone gives on these problems; a "
-             "gain or a gap reads against its width (slightly wide, since the halves have 4 samples, not 8).", "",
-             "| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up "
-             "| null: two halves of its samples (points) |",
-             "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+             "Each difference has its null: the same statistic between two random halves of the two pieces' pooled "
+             "samples (8 of each problem's 16), as if both were one model, over 2000 splits "
+             "(`tandem_grpo.evaluation.solo.permutation_null`): the 95% range sampling alone gives on these "
+             "problems, and the p-value of the difference. The bootstrap interval speaks for other problems, the "
+             "null for these ones.", "",
+             "| lever | seed | arm | solo pass@1 | gain over the base (points) | minus GRPO (points) | keeps up |",
+             "|---|---|---|---|---|---|---|"]  # fmt: skip
     bases = {}
     for r in rows:
         keeps = {True: "yes", False: "no"}.get(r.get("keeps_up"), "—")
         stale = " (stale head)" if r["stale_head"] else ""
         lines.append(f"| {r['lever_label']} | {r['seed']} | {_label(r)}{stale} | {100 * r['pass@1']:.1f}% "
-                     f"| {cell(r['gain'])} | {cell(r.get('minus_grpo'))} | {keeps} | {cell(r['null'])} |")  # fmt: skip
-        bases.setdefault(r["lever_label"], (r["base_pass@1"], r["base_null"]))
+                     f"| {cell(r['gain'])} | {cell(r.get('minus_grpo'))} | {keeps} |")  # fmt: skip
+        bases.setdefault(r["lever_label"], r["base_pass@1"])
     lines.append("")
-    lines += [f"- {label}: the base's solo pass@1 {100 * p:.1f}%, null {cell(null)} points."
-              for label, (p, null) in bases.items()]  # fmt: skip
+    lines += [f"- {label}: the base's solo pass@1 {100 * p:.1f}%." for label, p in bases.items()]
     if any(r["stale_head"] for r in rows):
         lines += ["", "(stale head): the piece's training rollouts were sampled by vLLM on a CPU with the base's "
                   "output head and the synced body (SmolLM2 ties its head to the input embedding, and vLLM's CPU "

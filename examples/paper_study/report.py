@@ -244,8 +244,7 @@ def learnt_lines(comparison: dict) -> list[str]:
     for seed, arms in comparison.get("learnt", {}).items():
         for arm, v in arms.items():
             d = v["difference"]
-            b = v["null"]["base"]  # what sampling alone gives: two halves of the base's own samples
-            null = f" (null: the base's halves {b['value']:+.3f} [{b['ci_low']:+.3f}, {b['ci_high']:+.3f}])"
+            null = f" (null ±{v['null']['ci_high']:.3f}, p {v['null']['p_value']:.3f})"  # what sampling alone gives
             lines.append(f"seed {seed}, {LABELS[arm]}: pass@1 {v['base_pass@1']:.3f} (base) -> {v['arm_pass@1']:.3f}, "
                          f"difference {d['value']:+.3f} [{d['ci_low']:+.3f}, {d['ci_high']:+.3f}]{null}: "
                          f"{_verdict(v)}")  # fmt: skip

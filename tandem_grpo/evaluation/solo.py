@@ -158,73 +158,70 @@ def paired_accuracy_difference(
     return {"before": sum(before) / len(before), "after": sum(after) / len(after), "difference": difference.to_dict()}
 
 
-def split_half_null(
-    correct_per_problem: Sequence[int],
+def permutation_null(
+    before: Sequence[int],
+    after: Sequence[int],
     num_samples: int,
     confidence: float = 0.95,
     num_splits: int = 2000,
     seed: int = 0,
 ) -> dict:
-    """The null of [`paired_accuracy_difference`][tandem_grpo.evaluation.solo.paired_accuracy_difference]: the same
-    statistic between two halves of one model's own samples, so a difference between two models reads against what
-    sampling alone gives on these problems. Each problem's samples are split at random into two halves of
-    ``num_samples // 2`` (one left out when ``num_samples`` is odd), and the mean over problems of the first half's
-    accuracy minus the second's is taken; over ``num_splits`` such splits its mean is the null's value (0 in
-    expectation) and its central ``confidence`` range the interval. A halving of ``n // 2`` samples is a little
-    noisier than two models sampled ``n`` times each, so the range is slightly wide: conservative.
+    """The null of [`paired_accuracy_difference`][tandem_grpo.evaluation.solo.paired_accuracy_difference] for two
+    models sampled ``num_samples`` times on each problem: the same statistic between two halves of their pooled
+    samples, as if both were one model. Each problem's ``2 * num_samples`` samples are split at random into two
+    halves of ``num_samples`` (the first half holds a hypergeometric number of the problem's correct ones), and the
+    mean over problems of the first half's accuracy minus the second's is taken, ``num_splits`` times.
 
-    With ``c`` correct of ``n``, the first half holds a hypergeometric number of them. The samples of a problem are
-    exchangeable (independent draws of one model), so this is distributed as a fixed split (even and odd sample
-    index, say) and needs only the counts that ``results.json`` and ``held_out.json`` keep. Many splits rather than
-    one: a single split is one draw of the null, and a study reading many models against one seeded split would
-    read the same draw everywhere.
+    Halves of one model's own ``num_samples`` would hold half as many samples each and give twice the variance of the
+    difference they stand for; pooling keeps the halves the size of the models' samples, so the range is what
+    sampling alone gives to this statistic on these problems (a permutation test, exact given the counts). It says
+    nothing about other problems: the bootstrap interval over problems does that.
 
     Args:
-        correct_per_problem: ``[P]`` correct samples of each problem, each in ``[0, num_samples]``.
-        num_samples: samples per problem, ``>= 2``.
+        before, after: ``[P]`` correct samples of each problem for the two models, each in ``[0, num_samples]``.
+        num_samples: samples per problem and model, ``>= 1``.
         num_splits: random splits, ``>= 1``.
         seed: seeds the splits (numpy); the same seed gives the same null.
 
     Returns:
-        An interval dict as ``paired_accuracy_difference``'s ``"difference"`` (fractions), with ``"definition"``.
+        ``{"value": 0.0, "ci_low": -r, "ci_high": r, "p_value", "confidence", "ci_method", "num_problems",
+        "definition"}`` (fractions): ``r`` is the ``confidence`` quantile of the statistic's absolute value over the
+        splits (the null is symmetric: swapping the halves negates it), ``p_value`` the share of splits at least as
+        far from 0 as the observed difference.
 
     Raises:
-        ValueError: ``num_samples < 2``, no problems, a count outside ``[0, num_samples]``, ``num_splits < 1`` or
-            ``confidence`` outside (0, 1).
+        ValueError: different numbers of problems or none, a count outside ``[0, num_samples]``, ``num_samples < 1``,
+            ``num_splits < 1`` or ``confidence`` outside (0, 1).
     """
     import numpy as np
 
-    if num_samples < 2:
-        raise ValueError(f"num_samples={num_samples}: a split-half null needs at least 2 samples per problem.")
-    if not correct_per_problem:
-        raise ValueError("split_half_null needs at least one problem.")
-    bad = [i for i, c in enumerate(correct_per_problem) if not 0 <= c <= num_samples]
-    if bad:
-        raise ValueError(f"problem {bad[0]} has {correct_per_problem[bad[0]]} correct of {num_samples} samples.")
-    if num_splits < 1 or not 0 < confidence < 1:
-        raise ValueError(f"num_splits={num_splits}, confidence={confidence}: need >= 1 split and 0 < confidence < 1.")
-    half = num_samples // 2
-    first, second = _split_halves(correct_per_problem, num_samples, num_splits, seed)
-    statistic = (first - second).mean(axis=1) / half  # [num_splits]
-    low, high = np.quantile(statistic, [(1 - confidence) / 2, (1 + confidence) / 2])
-    return {"value": float(statistic.mean()), "ci_low": float(low), "ci_high": float(high),
-            "confidence": confidence, "ci_method": f"central range over {num_splits} random splits (seed {seed})",
-            "num_problems": len(correct_per_problem),
-            "definition": f"two random halves of {half} of each problem's {num_samples} samples of one model: the "
-                          "first's accuracy minus the second's, averaged over problems"}  # fmt: skip
+    if len(before) != len(after) or not before:
+        raise ValueError(f"{len(before)} and {len(after)} problems: the null pairs the same problems, at least one.")
+    if num_samples < 1 or num_splits < 1 or not 0 < confidence < 1:
+        raise ValueError(f"num_samples={num_samples}, num_splits={num_splits}, confidence={confidence}: need >= 1 "
+                         "sample and split and 0 < confidence < 1.")  # fmt: skip
+    for name, counts in (("before", before), ("after", after)):
+        bad = [i for i, c in enumerate(counts) if not 0 <= c <= num_samples]
+        if bad:
+            raise ValueError(f"{name}: problem {bad[0]} has {counts[bad[0]]} correct of {num_samples} samples.")
+    pooled = [b + a for b, a in zip(before, after, strict=True)]
+    first = _split_halves(pooled, 2 * num_samples, num_splits, seed)
+    statistic = np.abs((2 * first - np.asarray(pooled)).mean(axis=1)) / num_samples  # [num_splits], |first - second|
+    observed = abs(sum(after) - sum(before)) / num_samples / len(before)
+    radius = float(np.quantile(statistic, confidence))
+    return {"value": 0.0, "ci_low": -radius, "ci_high": radius,
+            "p_value": float((statistic >= observed - 1e-12).mean()), "confidence": confidence,
+            "ci_method": f"permutation: {num_splits} random splits of the pooled samples (seed {seed})",
+            "num_problems": len(before),
+            "definition": f"the same difference between two random halves of {num_samples} of each problem's "
+                          f"{2 * num_samples} pooled samples of both models"}  # fmt: skip
 
 
 def _split_halves(correct_per_problem: Sequence[int], num_samples: int, num_splits: int, seed: int):
-    """``(first, second)``: int arrays ``[num_splits, P]`` of the correct samples in each of two random disjoint
-    halves of ``num_samples // 2`` of each problem's samples."""
+    """Int array ``[num_splits, P]``: the correct samples in a random half (``num_samples // 2``) of each problem's
+    ``num_samples`` samples, ``correct_per_problem[p]`` of them correct; the other half holds the rest."""
     import numpy as np
 
     rng = np.random.default_rng(seed)
-    half = num_samples // 2
     correct = np.broadcast_to(np.asarray(correct_per_problem, dtype=np.int64), (num_splits, len(correct_per_problem)))
-    first = rng.hypergeometric(correct, num_samples - correct, half)
-    left, left_correct = num_samples - half, correct - first
-    if left == half:
-        return first, left_correct
-    # num_samples odd: the second half is what is left less one random sample.
-    return first, rng.hypergeometric(left_correct, left - left_correct, half)
+    return rng.hypergeometric(correct, num_samples - correct, num_samples // 2)
