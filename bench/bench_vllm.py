@@ -206,9 +206,14 @@ def child_train(kind: str, args) -> dict:
 
         def sync_by_reload(self):
             # TRL's per-tensor `load_weights` cannot update vLLM's CPU backend (it repacks linear weights into oneDNN
-            # handles); vLLM's in-place reload can. The tandem trainer syncs the same way (on the senior alone).
-            runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
-            runner.reload_weights(weights_iterator=((n, t.detach().clone()) for n, t in self._iter_named_params()))
+            # handles); vLLM's in-place reload can, and reload_in_place also repacks a tied output head. The tandem
+            # trainer syncs the same way (on the senior alone).
+            from tandem_grpo.vllm.model import reload_in_place
+
+            engine = self.llm.llm_engine
+            model = engine.model_executor.driver_worker.model_runner.model
+            weights = ((n, t.detach().clone()) for n, t in self._iter_named_params())
+            reload_in_place(model, engine.model_config, model.load_weights, weights)
             self.llm.reset_prefix_cache()
 
         trl_vllm.LLM = llm_with_settings

@@ -13,7 +13,8 @@ prefix-cache hit is valid for both). Every step runs both models on the same tok
 
 Weights: the first ``load_weights`` call (vLLM's initial load from the senior's checkpoint) loads the senior, then
 the junior either from ``tandem_junior_path`` or as a copy of the senior's freshly loaded parameters. Every later
-call (weight syncs, vLLM weight-transfer engines, ``reload_weights``) loads into the senior only: unprefixed and
+call (weight syncs, vLLM weight-transfer engines, ``reload_weights``; on a CPU only ``reload_in_place`` also repacks a
+tied output head, see ``repack_tied_layers``) loads into the senior only: unprefixed and
 ``senior.``-prefixed names go to the senior, ``junior.`` names are refused. The junior never changes.
 
 Weight syncs should go through
@@ -300,7 +301,9 @@ def repack_tied_layers(module) -> int:
     sharing: dict[int, list] = {}
     for layer in module.modules():
         weight = getattr(layer, "weight", None)
-        if isinstance(weight, torch.Tensor) and hasattr(layer, "cpu_linear") and hasattr(layer, "quant_method"):
+        # 2-D GEMM weights only: vLLM's other CPU packings (conv, MoE experts) rewrite the weight and cannot rerun.
+        packed = hasattr(layer, "cpu_linear") and hasattr(layer, "quant_method")
+        if isinstance(weight, torch.Tensor) and weight.ndim == 2 and packed:
             sharing.setdefault(id(weight), []).append(layer)
     tied = [layer for layers in sharing.values() if len(layers) > 1 for layer in layers]
     for layer in tied:
