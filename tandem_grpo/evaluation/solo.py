@@ -178,7 +178,8 @@ def permutation_null(
     nothing about other problems: the bootstrap interval over problems does that.
 
     Args:
-        before, after: ``[P]`` correct samples of each problem for the two models, each in ``[0, num_samples]``.
+        before: ``[P]`` correct samples of each problem for the first model, each in ``[0, num_samples]``.
+        after: the same for the second model, on the same problems in the same order.
         num_samples: samples per problem and model, ``>= 1``.
         num_splits: random splits, ``>= 1``.
         seed: seeds the splits (numpy); the same seed gives the same null.
