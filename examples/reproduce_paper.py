@@ -4,6 +4,7 @@
     python examples/reproduce_paper.py --arms grpo                # train GRPO, sample it, commit it, drop its weights
     python examples/reproduce_paper.py --arms tandem kl_to_junior # the other arms, one piece each
     python examples/reproduce_paper.py --arms live_junior --pilot # a control: only the authorship mask differs
+    python examples/reproduce_paper.py --arms grpo --from_pilot   # a full piece from a --pilot --keep_weights run
     python examples/reproduce_paper.py --report                   # the comparison, from the committed pieces only
     python examples/reproduce_paper.py --map                      # where tandem keeps up, over every lever's pieces
     python examples/reproduce_paper.py --dry_run                  # the plan; nothing is trained
@@ -119,6 +120,11 @@ class StudyArguments:
                         "before its full piece is run."})  # fmt: skip
     keep_weights: bool = field(default=False, metadata={"help": "Keep each arm's trained weights in --output_dir "
                                "(default: deleted once its piece is committed)."})  # fmt: skip
+    from_pilot: bool = field(default=False, metadata={"help": "Train nothing: make each arm's full piece from the "
+                             "weights its pilot left in --output_dir (run the same command with --pilot "
+                             "--keep_weights first), after checking they are that committed pilot's training (its "
+                             "config and log_history.json). The pilot's solo samples repeat; the handoff schedules "
+                             "and the junior's cross-entropy are new."})  # fmt: skip
     lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
                                "junior is then the base with the adapter off). Default: the preset's."})  # fmt: skip
     cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
@@ -160,6 +166,8 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
     if controls and not study.pilot:
         raise ValueError(f"--arms {' '.join(controls)}: a control is read as a pilot (its solo pass@1 against the "
                          "base and the arms); add --pilot.")  # fmt: skip
+    if study.from_pilot and study.pilot:
+        raise ValueError("--from_pilot makes full pieces from a pilot's kept weights: leave out --pilot.")
     if "live_junior" in study.arms and not training.use_vllm:
         raise ValueError("--arms live_junior reloads the junior inside the colocated vLLM engine: it needs "
                          "--use_vllm true (the cpu-paper preset's).")  # fmt: skip
@@ -220,7 +228,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         if study.report:
             results_dir = Path(study.results_dir or f"results/{study.preset}")
-            build_report(results_dir, Path(study.report_dir) if study.report_dir else None)
+            build_report(results_dir, Path(study.report_dir) if study.report_dir else None,
+                         shared.junior_probability)  # fmt: skip
             return
         plan = build_plan(study, shared)
         print(describe(plan), flush=True)
@@ -239,9 +248,9 @@ def main(argv: list[str] | None = None) -> None:
             raise ValueError(f"--eval_backend vllm: vLLM is not installed; {install}, or pass --eval_backend "
                              "transformers.")  # fmt: skip
     run_pieces(plan)
-    base, seeds = committed_pieces(plan.results_dir)
+    base, seeds = committed_pieces(plan.results_dir, shared.junior_probability)
     if base is not None and seeds:
-        build_report(plan.results_dir, plan.report_dir)
+        build_report(plan.results_dir, plan.report_dir, shared.junior_probability)
 
 
 if __name__ == "__main__":

@@ -816,3 +816,123 @@ def test_a_pilot_on_other_held_out_problems_is_refused_before_training(study, tm
     piece["eval_problems_sha256"] = hashlib.sha256(source.read_bytes()).hexdigest()
     base_piece.write_text(json.dumps(piece))
     assert study_pieces.check_held_out(plan) == piece["eval_problems_sha256"]
+
+
+def _from_pilot_plan(study, tmp_path, *extra):
+    """A plan for ``--from_pilot`` with a committed base and a committed GRPO pilot (the fixture's GRPO piece, its
+    config this plan's) whose weights folder holds the pilot's log_history.json."""
+    plan = study.build_plan(*study.parse_args(["--seeds", "1", "--arms", "grpo", "--from_pilot", "--output_dir",
+                                               str(tmp_path / "weights"), "--results_dir", str(tmp_path / "r"),
+                                               *extra]))  # fmt: skip
+    shutil.copytree(FIXTURE / "base", plan.piece_dir(0, "base"))
+    pilot = plan.piece_dir(1, "grpo", pilot=True)
+    shutil.copytree(FIXTURE / "seed-1" / "grpo", pilot)
+    config = plan.configs[(1, "grpo")]
+    record = json.loads((pilot / "piece.json").read_text())
+    record["config"] = json.loads(json.dumps(
+        {f: getattr(config, f) for f in (*study_plan.ARM_FIELDS, *study_plan.SHARED_FIELDS)} | {"lora_r": 0}
+    ))  # fmt: skip
+    (pilot / "piece.json").write_text(json.dumps(record))
+    results = json.loads((pilot / "results.json").read_text())
+    results["settings"] |= {"instruction": plan.evaluation.instruction, "answer": plan.evaluation.answer}
+    (pilot / "results.json").write_text(json.dumps(results))
+    weights = Path(config.output_dir)
+    weights.mkdir(parents=True)
+    (weights / "config.json").write_text("{}")
+    shutil.copy(pilot / "log_history.json", weights / "log_history.json")
+    (weights / "training_curves.png").write_bytes(b"png")
+    return plan, pilot, weights
+
+
+def test_a_full_piece_from_a_pilots_kept_weights_is_evaluated_not_trained(study, tmp_path, monkeypatch,
+                                                                           no_model_loading):  # fmt: skip
+    """``--from_pilot``: the pilot's kept weights are evaluated as the full piece (no training), the piece records
+    the pilot and its training time, and the weights are deleted once it is committed."""
+    plan, pilot, weights = _from_pilot_plan(study, tmp_path)
+    calls = []
+
+    def evaluate_only(function, *args):
+        calls.append(function.__name__)
+        if function is not study_pieces._evaluate_in_process:
+            raise AssertionError(f"--from_pilot ran {function.__name__}")
+        shutil.copytree(FIXTURE / "seed-1" / "grpo", args[0].output_dir, ignore=shutil.ignore_patterns("piece.json"))
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", evaluate_only)
+    monkeypatch.setattr(study_pieces, "_vocab_size", lambda path: 49152)
+    study_pieces.run_pieces(plan)
+    final = plan.piece_dir(1, "grpo")
+    assert calls == ["_evaluate_in_process"] and final == tmp_path / "r" / "seed-1" / "grpo"
+    piece = json.loads((final / "piece.json").read_text())
+    assert piece["trained_by_pilot"] == str(pilot)
+    assert (
+        piece["wall_seconds"]["training"] == json.loads((pilot / "piece.json").read_text())["wall_seconds"]["training"]
+    )
+    assert piece["training"]["logged_steps"] == 1 and "learnt" in piece
+    assert not weights.exists()
+
+
+@pytest.mark.parametrize("spoil, error", [
+    ("history", "log_history.json differ"),
+    ("weights", "holds no trained model"),
+    ("pilot", "holds no committed pilot"),
+    ("config", "learning_rate"),
+    ("instruction", "instruction"),
+])  # fmt: skip
+def test_from_pilot_refuses_weights_that_are_not_the_pilots(study, tmp_path, monkeypatch, no_model_loading, spoil,
+                                                           error):  # fmt: skip
+    """Weights another training left, a missing pilot or weights, or a pilot trained with other settings: a clear
+    error before anything is evaluated, and the weights are kept."""
+    plan, pilot, weights = _from_pilot_plan(study, tmp_path)
+    if spoil == "history":
+        history = json.loads((weights / "log_history.json").read_text())
+        history[0]["loss"] = history[0]["loss"] + 1.0
+        (weights / "log_history.json").write_text(json.dumps(history))
+    elif spoil == "weights":
+        (weights / "config.json").unlink()
+    elif spoil == "pilot":
+        shutil.rmtree(pilot)
+    elif spoil == "config":
+        record = json.loads((pilot / "piece.json").read_text())
+        record["config"]["learning_rate"] *= 2
+        (pilot / "piece.json").write_text(json.dumps(record))
+    else:
+        results = json.loads((pilot / "results.json").read_text())
+        results["settings"]["instruction"] = "answer_line"
+        (pilot / "results.json").write_text(json.dumps(results))
+
+    def refuse(*args):
+        raise AssertionError("evaluated before the weights were checked")
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", refuse)
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        study_pieces.run_pieces(plan)
+    assert (weights / "log_history.json").is_file()
+
+
+def test_from_pilot_with_pilot_is_a_usage_error(study):
+    with pytest.raises(ValueError, match="leave out --pilot"):
+        study.parse_args(["--from_pilot", "--pilot"])
+
+
+def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_path):
+    """``--report --junior_probability 0.1`` reads ``seed-<s>/tandem-p0.1`` as the tandem arm into ``report-p0.1``;
+    the paper's report beside it reads ``seed-<s>/tandem`` only."""
+    copy = tmp_path / "study"
+    shutil.copytree(FIXTURE, copy)
+    shutil.copytree(copy / "seed-1" / "tandem", copy / "seed-1" / "tandem-p0.1")
+    results = json.loads((copy / "seed-1" / "tandem-p0.1" / "results.json").read_text())
+    (entry,) = results["checkpoints"].values()
+    entry["solo"]["correct_per_problem"] = [4] * len(entry["solo"]["correct_per_problem"])
+    (copy / "seed-1" / "tandem-p0.1" / "results.json").write_text(json.dumps(results))
+    shutil.rmtree(copy / "seed-1" / "tandem")
+    result = subprocess.run([sys.executable, str(SCRIPT), "--report", "--results_dir", str(copy),
+                             "--junior_probability", "0.1"], cwd=tmp_path, env=child_env(), capture_output=True,
+                            text=True, timeout=300)  # fmt: skip
+    assert result.returncode == 0, result.stderr[-4000:]
+    report = json.loads((copy / "report-p0.1" / "results.json").read_text())
+    assert report["study"]["arms"]["tandem"]["folders"] == {"1": str(copy / "seed-1" / "tandem-p0.1")}
+    assert report["comparison"]["learnt"]["1"]["tandem"]["arm_pass@1"] == 1.0
+    assert "--junior_probability 0.1" in report["study"]["command"] and not (copy / "report").exists()
+    assert "junior probability 0.1" in (copy / "report-p0.1" / "report.md").read_text()
+    _, seeds = study_report.committed_pieces(copy)
+    assert set(seeds[1]) == {"grpo", "kl_to_junior"}

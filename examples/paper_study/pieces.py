@@ -240,14 +240,20 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if arm != "base":
         config = plan.configs[(seed, arm)]
         weights = Path(config.output_dir)
-        if weights.exists():
-            shutil.rmtree(weights)
-        print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
-        started = time.perf_counter()
-        _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
-                          plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior",
-                          plan.study.answer)  # fmt: skip
-        piece["wall_seconds"]["training"] = time.perf_counter() - started
+        if plan.study.from_pilot:
+            pilot = pilot_weights(plan, seed, arm)
+            print(f"[{_label(seed, arm)}] the weights its pilot trained: {weights}", flush=True)
+            piece["trained_by_pilot"] = str(plan.piece_dir(seed, arm, pilot=True))
+            piece["wall_seconds"]["training"] = pilot["wall_seconds"]["training"]
+        else:
+            if weights.exists():
+                shutil.rmtree(weights)
+            print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
+            started = time.perf_counter()
+            _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype,
+                              plan.train_dataset, plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior",
+                              plan.study.answer)  # fmt: skip
+            piece["wall_seconds"]["training"] = time.perf_counter() - started
         history = json.loads((weights / "log_history.json").read_text())
         piece["training"] = training_summary(history, config.beta)
         piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
@@ -265,6 +271,48 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if weights is not None and not plan.study.keep_weights:
         shutil.rmtree(weights)
     return final
+
+
+def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
+    """For ``--from_pilot``: check that ``arm``'s weights folder holds the training of its committed pilot piece,
+    and return that pilot's ``piece.json``.
+
+    The pilot (``<results_dir>/pilot/seed-<s>/<arm>``) must have this plan's arm config (``ARM_FIELDS``,
+    ``SHARED_FIELDS``, ``lora_r``), held-out problems and instruction, and the weights folder
+    (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry: the loss, reward and time of
+    every step, which another training would not repeat.
+
+    Raises:
+        FileNotFoundError: no committed pilot, or no weights (naming the command that makes them).
+        ValueError: the pilot or the weights are another training's (naming what differs).
+    """
+    config = plan.configs[(seed, arm)]
+    weights = Path(config.output_dir)
+    folder = plan.piece_dir(seed, arm, pilot=True)
+    make = (f"run this command with --pilot --keep_weights --arms {arm} (and without --from_pilot) first, or leave "
+            "out --from_pilot to train the arm again")  # fmt: skip
+    if not (folder / PIECE_FILE).is_file():
+        raise FileNotFoundError(f"--from_pilot: {folder} holds no committed pilot of seed {seed}, {arm}: {make}.")
+    if not (weights / "log_history.json").is_file() or not (weights / "config.json").is_file():
+        raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
+                                f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
+    pilot = json.loads((folder / PIECE_FILE).read_text())
+    expected = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)} | {"lora_r": plan.study.lora_r}
+    expected = json.loads(json.dumps(expected, default=str))
+    differing = sorted(k for k in expected if pilot.get("config", {}).get(k) != expected[k])
+    settings = json.loads((folder / "results.json").read_text())["settings"]
+    differing += [k for k in ("instruction", "answer") if settings.get(k) != getattr(plan.evaluation, k)]
+    problems = check_held_out(plan)
+    if problems is not None and pilot.get("eval_problems_sha256") not in (None, problems):
+        differing.append("held-out problems (eval_problems_sha256)")
+    if differing:
+        raise ValueError(f"--from_pilot: the pilot {folder} was trained otherwise than this command would train "
+                         f"{arm} ({', '.join(differing)}): use the pilot's flags, or leave out "
+                         "--from_pilot.")  # fmt: skip
+    if json.loads((weights / "log_history.json").read_text()) != json.loads((folder / "log_history.json").read_text()):
+        raise ValueError(f"--from_pilot: {weights} is not the training of the committed pilot {folder} (their "
+                         f"log_history.json differ): {make}.")  # fmt: skip
+    return pilot
 
 
 def evaluated_partial(plan: Plan, seed: int, arm: str, partial: Path) -> bool:
@@ -390,6 +438,10 @@ def run_pieces(plan: Plan) -> None:
         path.write_text(text, encoding="utf-8")
     pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
     pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS + CONTROLS if arm in plan.study.arms]
+    if plan.study.from_pilot:  # every arm's weights, before the first piece spends an hour
+        for seed, arm in pieces:
+            if arm != "base" and not (plan.piece_dir(seed, arm) / PIECE_FILE).is_file():
+                pilot_weights(plan, seed, arm)
     for number, (seed, arm) in enumerate(pieces, 1):
         print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
         run_piece(plan, seed, arm)

@@ -93,17 +93,30 @@ class Plan:
     evaluation: object  # the EvaluationConfig every piece starts from
     results_dir: Path
 
-    def piece_dir(self, seed: int, arm: str) -> Path:
-        """Where a piece is committed: ``<results_dir>/base`` or ``<results_dir>/seed-<s>/<arm>``."""
+    def piece_dir(self, seed: int, arm: str, pilot: bool | None = None) -> Path:
+        """Where a piece is committed: ``<results_dir>/base`` or ``<results_dir>/[pilot/]seed-<s>/<arm>``
+        (``pilot``: default, this run's ``--pilot``)."""
         if arm == "base":
             return self.results_dir / "base"
-        return self.results_dir / ("pilot" if self.study.pilot else "") / f"seed-{seed}" / self.folder_name(arm)
+        pilot = self.study.pilot if pilot is None else pilot
+        return self.results_dir / ("pilot" if pilot else "") / f"seed-{seed}" / self.folder_name(arm)
 
     def folder_name(self, arm: str) -> str:
-        """``arm``, with ``-p<junior_probability>`` for a co-generating arm away from the paper's 0.5
-        (``tandem-p0.1``): a dose-response piece sits beside the 0.5 one instead of replacing it."""
-        p = self.shared.junior_probability
-        return f"{arm}-p{p:g}" if arm in ("tandem", "live_junior") and p != PAPER_JUNIOR_PROBABILITY else arm
+        return folder_name(arm, self.shared.junior_probability)
+
+
+def report_folder(junior_probability: float) -> str:
+    """The report's folder in the results folder: ``report``, or ``report-p<junior_probability>`` for a report whose
+    tandem arm is the piece at another junior probability (``--report --junior_probability 0.1``)."""
+    p = junior_probability
+    return "report" if p == PAPER_JUNIOR_PROBABILITY else f"report-p{p:g}"
+
+
+def folder_name(arm: str, junior_probability: float) -> str:
+    """``arm``, with ``-p<junior_probability>`` for a co-generating arm away from the paper's 0.5
+    (``tandem-p0.1``): a dose-response piece sits beside the 0.5 one instead of replacing it."""
+    p = junior_probability
+    return f"{arm}-p{p:g}" if arm in ("tandem", "live_junior") and p != PAPER_JUNIOR_PROBABILITY else arm
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).
@@ -152,7 +165,7 @@ def build_plan(study: Any, shared: TandemGRPOConfig) -> Plan:
 
     root = Path(shared.output_dir)
     results_dir = Path(study.results_dir or f"results/{study.preset}")
-    report_dir = Path(study.report_dir) if study.report_dir else results_dir / "report"
+    report_dir = Path(study.report_dir) if study.report_dir else results_dir / report_folder(shared.junior_probability)
     train, held_out = load_training_problems(study, shared)
     if held_out is not None:
         eval_source = str(results_dir / "eval_problems.jsonl")  # committed with the pieces

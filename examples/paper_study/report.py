@@ -12,7 +12,7 @@ import sys
 from pathlib import Path
 
 from .pieces import learnt, versions
-from .plan import ARMS, LABELS, PIECE_FILE, check_same_evaluation
+from .plan import ARMS, LABELS, PAPER_JUNIOR_PROBABILITY, PIECE_FILE, check_same_evaluation, folder_name, report_folder
 from .table import DIFFERENCES, INTERVALS, comparison_rows, comparison_table, html_table, markdown_table, sources
 
 TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
@@ -43,15 +43,21 @@ def _read_piece(folder: Path) -> dict:
     return piece | {"results": results, "entry": results["checkpoints"][name], "ids": grouped(ids), "ce": grouped(ce)}
 
 
-def committed_pieces(results_dir: Path) -> tuple[dict | None, dict[int, dict[str, dict]]]:
-    """The base piece (or None) and every finished arm piece by seed, read from ``results_dir``."""
+def committed_pieces(
+    results_dir: Path, junior_probability: float = PAPER_JUNIOR_PROBABILITY
+) -> tuple[dict | None, dict[int, dict[str, dict]]]:
+    """The base piece (or None) and every finished arm piece by seed, read from ``results_dir``; the tandem arm is
+    the piece at ``junior_probability`` (``seed-<s>/tandem-p0.1`` for 0.1, ``plan.folder_name``)."""
     base_dir = results_dir / "base"
     base = _read_piece(base_dir) if (base_dir / PIECE_FILE).is_file() else None
     seeds: dict[int, dict[str, dict]] = {}
     for folder in sorted(results_dir.glob("seed-*")):
         if not re.fullmatch(r"seed-\d+", folder.name):
             continue
-        arms = {arm: _read_piece(folder / arm) for arm in ARMS if (folder / arm / PIECE_FILE).is_file()}
+        names = {arm: folder_name(arm, junior_probability) for arm in ARMS}
+        arms = {
+            arm: _read_piece(folder / name) for arm, name in names.items() if (folder / name / PIECE_FILE).is_file()
+        }
         if arms:
             seeds[int(folder.name.removeprefix("seed-"))] = arms
     return base, seeds
@@ -113,23 +119,29 @@ def paired_differences(base: dict, arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
-def report_command(results_dir: Path, report_dir: Path | None = None) -> str:
+def report_command(results_dir: Path, report_dir: Path | None = None,
+                   junior_probability: float = PAPER_JUNIOR_PROBABILITY) -> str:  # fmt: skip
     """The command that rebuilds this report from the committed pieces, whichever command built it (a piece's run
     rebuilds it too)."""
     command = [sys.executable, "examples/reproduce_paper.py", "--report", "--results_dir", str(results_dir)]
+    if junior_probability != PAPER_JUNIOR_PROBABILITY:
+        command += ["--junior_probability", f"{junior_probability:g}"]
     return shlex.join(command + (["--report_dir", str(report_dir)] if report_dir else []))
 
 
-def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
-    """The three-arm comparison from committed pieces only (no model is loaded): ``report/results.json``,
-    ``report.md`` and ``report.html`` under ``results_dir``; with several seeds, the table pooled over them too.
+def build_report(results_dir: Path, report_dir: Path | None = None,
+                 junior_probability: float = PAPER_JUNIOR_PROBABILITY) -> dict:  # fmt: skip
+    """The three-arm comparison from committed pieces only (no model is loaded): ``results.json``, ``report.md`` and
+    ``report.html`` in ``report_dir`` (default ``<results_dir>/report``, or ``report-p0.1`` for a
+    ``junior_probability`` of 0.1, whose tandem arm is ``seed-<s>/tandem-p0.1``); with several seeds, the table
+    pooled over them too.
 
     Raises:
         FileNotFoundError: no base piece, or no arm piece, in ``results_dir``.
     """
     from tandem_grpo.evaluation.report import write_results_json
 
-    base, seeds = committed_pieces(results_dir)
+    base, seeds = committed_pieces(results_dir, junior_probability)
     if base is None or not seeds:
         raise FileNotFoundError(f"{results_dir}: the report needs the base piece and at least one arm's piece (run "
                                 "with --arms base grpo ... first).")  # fmt: skip
@@ -161,7 +173,7 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
         arms_info[arm] = {
             "label": LABELS[arm],
             "config": first["config"] if first else None,
-            "folders": {str(s): str(results_dir / f"seed-{s}" / arm) for s in pieces},
+            "folders": {str(s): str(results_dir / f"seed-{s}" / folder_name(arm, junior_probability)) for s in pieces},
             "training": {str(s): p["training"] for s, p in pieces.items()},
             "wall_seconds": {str(s): p["wall_seconds"] for s, p in pieces.items()},
             "cpu": {str(s): p["cpu"] for s, p in pieces.items()},
@@ -169,7 +181,8 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
     results = {
         "paper": "Tandem Reinforcement Learning with Verifiable Rewards (arXiv 2606.28166)",
         "study": {
-            "command": report_command(results_dir, report_dir),
+            "command": report_command(results_dir, report_dir, junior_probability),
+            "junior_probability": junior_probability,
             "versions": versions(),
             "preset": base.get("preset") or "unknown",
             "base": base["results"]["settings"]["base"],
@@ -184,10 +197,12 @@ def build_report(results_dir: Path, report_dir: Path | None = None) -> dict:
         "comparison": comparison,
         "evaluation": {str(s): r for s, r in per_seed.items()},
     }
-    out = report_dir or results_dir / "report"
+    out = report_dir or results_dir / report_folder(junior_probability)
     out.mkdir(parents=True, exist_ok=True)
     folders = {"base": results_dir / "base"} | {
-        f"seed {s} {LABELS[arm]}": results_dir / f"seed-{s}" / arm for s, arms in sorted(seeds.items()) for arm in arms
+        f"seed {s} {LABELS[arm]}": results_dir / f"seed-{s}" / folder_name(arm, junior_probability)
+        for s, arms in sorted(seeds.items())
+        for arm in arms
     }
     links = {name: [os.path.relpath(f, out) for f in sorted(folder.iterdir()) if f.suffix in (".png", ".html")]
              for name, folder in folders.items()}  # fmt: skip
@@ -271,7 +286,8 @@ def markdown_report(results: dict) -> str:
     md = [
         "# Tandem RL reproduction: GRPO, tandem and KL-to-junior",
         "",
-        f"Preset `{study['preset']}`, base `{study['base']}`, seeds {study['seeds']}. Command in `command.txt`.",
+        f"Preset `{study['preset']}`, base `{study['base']}`, seeds {study['seeds']}, the tandem arm's junior "
+        f"probability {study.get('junior_probability', PAPER_JUNIOR_PROBABILITY):g}. Command in `command.txt`.",
         f"Values: estimate [{comparison['confidence']:.0%} interval]; null where the figure has one. {INTERVALS}",
         "",
     ]
