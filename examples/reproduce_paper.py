@@ -25,7 +25,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paper_study.pieces import run_pieces
+from paper_study.pieces import check_from_pilot, run_pieces
 from paper_study.plan import ARMS, CONTROLS, build_plan, describe
 from paper_study.presets import COMMON_TRAINING, PRESET_STUDY, PRESET_TRAINING, PRESETS
 from paper_study.regime_map import build_map
@@ -113,7 +113,9 @@ class StudyArguments:
                       "training, no model) and exit."})  # fmt: skip
     results_dir: str | None = field(default=None, metadata={"help": "Where the pieces (samples, metrics) and the "
                                     "report go. Default: results/<preset>."})  # fmt: skip
-    report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <results_dir>/report)."})
+    report_dir: str | None = field(default=None, metadata={"help": "Report folder (default: <results_dir>/report, "
+                                   "or report-p0.1 with --junior_probability 0.1, whose tandem arm is "
+                                   "seed-<s>/tandem-p0.1)."})  # fmt: skip
     pilot: bool = field(default=False, metadata={"help": "Solo samples only (no handoff schedules, no "
                         "cross-entropy), committed to <results_dir>/pilot/seed-<s>/<arm> with pilot.json: the arm's "
                         "held-out pass@1 minus the base piece's, paired over problems. Checks that an arm learnt "
@@ -122,9 +124,11 @@ class StudyArguments:
                                "(default: deleted once its piece is committed)."})  # fmt: skip
     from_pilot: bool = field(default=False, metadata={"help": "Train nothing: make each arm's full piece from the "
                              "weights its pilot left in --output_dir (run the same command with --pilot "
-                             "--keep_weights first), after checking they are that committed pilot's training (its "
-                             "config and log_history.json). The pilot's solo samples repeat; the handoff schedules "
-                             "and the junior's cross-entropy are new."})  # fmt: skip
+                             "--keep_weights first), after checking, before anything runs, that they are that "
+                             "committed pilot's training (its config, held-out problems, evaluation settings and "
+                             "log_history.json). The weights are deleted once the piece is committed, unless "
+                             "--keep_weights; piece.json's solo_repeats_pilot says whether the solo samples came out "
+                             "as the pilot's."})  # fmt: skip
     lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
                                "junior is then the base with the adapter off). Default: the preset's."})  # fmt: skip
     cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
@@ -233,6 +237,8 @@ def main(argv: list[str] | None = None) -> None:
             return
         plan = build_plan(study, shared)
         print(describe(plan), flush=True)
+        if study.from_pilot:
+            check_from_pilot(plan)
         if study.dry_run:
             return
         from tandem_grpo.models import resolve_model_path

@@ -818,25 +818,35 @@ def test_a_pilot_on_other_held_out_problems_is_refused_before_training(study, tm
     assert study_pieces.check_held_out(plan) == piece["eval_problems_sha256"]
 
 
-def _from_pilot_plan(study, tmp_path, *extra):
-    """A plan for ``--from_pilot`` with a committed base and a committed GRPO pilot (the fixture's GRPO piece, its
-    config this plan's) whose weights folder holds the pilot's log_history.json."""
-    plan = study.build_plan(*study.parse_args(["--seeds", "1", "--arms", "grpo", "--from_pilot", "--output_dir",
+def _from_pilot_plan(study, tmp_path, *argv):
+    """A plan for ``--from_pilot`` (``argv``: default ``--arms grpo``) with a committed base and a committed GRPO
+    pilot (the fixture's GRPO piece, made this plan's: its config, held-out file and evaluation settings) whose
+    weights folder holds the pilot's log_history.json."""
+    argv = argv or ("--arms", "grpo")
+    plan = study.build_plan(*study.parse_args(["--seeds", "1", "--from_pilot", "--output_dir",
                                                str(tmp_path / "weights"), "--results_dir", str(tmp_path / "r"),
-                                               *extra]))  # fmt: skip
+                                               *argv]))  # fmt: skip
     shutil.copytree(FIXTURE / "base", plan.piece_dir(0, "base"))
+    source = Path(plan.eval_source)
+    source.write_text("".join(json.dumps(r) + "\n" for r in plan.eval_rows), encoding="utf-8")
     pilot = plan.piece_dir(1, "grpo", pilot=True)
     shutil.copytree(FIXTURE / "seed-1" / "grpo", pilot)
-    config = plan.configs[(1, "grpo")]
     record = json.loads((pilot / "piece.json").read_text())
-    record["config"] = json.loads(json.dumps(
-        {f: getattr(config, f) for f in (*study_plan.ARM_FIELDS, *study_plan.SHARED_FIELDS)} | {"lora_r": 0}
-    ))  # fmt: skip
+    record |= {
+        "config": study_pieces._config_record(plan, 1, "grpo"),
+        "eval_problems_sha256": study_pieces._sha256(source),
+    }
     (pilot / "piece.json").write_text(json.dumps(record))
     results = json.loads((pilot / "results.json").read_text())
-    results["settings"] |= {"instruction": plan.evaluation.instruction, "answer": plan.evaluation.answer}
+    settings = json.loads(json.dumps(dataclasses.replace(plan.evaluation, output_dir=str(pilot)).to_dict()))
+    results["settings"] |= {k: settings[k] for k in study_pieces.FROM_PILOT_EVALUATION if k in settings}
+    results["settings"]["handoff"] = {
+        **settings["handoff"],
+        "junior_probability": 0.25,
+    }  # a pilot's rule: not compared
+    del results["settings"]["answer"]  # a pilot written before --answer existed: "final"
     (pilot / "results.json").write_text(json.dumps(results))
-    weights = Path(config.output_dir)
+    weights = Path(plan.configs[(1, "grpo")].output_dir)
     weights.mkdir(parents=True)
     (weights / "config.json").write_text("{}")
     shutil.copy(pilot / "log_history.json", weights / "log_history.json")
@@ -846,8 +856,9 @@ def _from_pilot_plan(study, tmp_path, *extra):
 
 def test_a_full_piece_from_a_pilots_kept_weights_is_evaluated_not_trained(study, tmp_path, monkeypatch,
                                                                            no_model_loading):  # fmt: skip
-    """``--from_pilot``: the pilot's kept weights are evaluated as the full piece (no training), the piece records
-    the pilot and its training time, and the weights are deleted once it is committed."""
+    """``--from_pilot``: the pilot's kept weights are evaluated as the full piece (every measurement, no training),
+    the piece records the pilot, its training time and CPU and whether the solo draws repeated the pilot's, and the
+    weights are deleted once it is committed."""
     plan, pilot, weights = _from_pilot_plan(study, tmp_path)
     calls = []
 
@@ -855,20 +866,28 @@ def test_a_full_piece_from_a_pilots_kept_weights_is_evaluated_not_trained(study,
         calls.append(function.__name__)
         if function is not study_pieces._evaluate_in_process:
             raise AssertionError(f"--from_pilot ran {function.__name__}")
-        shutil.copytree(FIXTURE / "seed-1" / "grpo", args[0].output_dir, ignore=shutil.ignore_patterns("piece.json"))
+        (config,) = args
+        assert config.checkpoints == [str(weights)] and {"handoff", "legibility"} <= set(config.measurements)
+        shutil.copytree(FIXTURE / "seed-1" / "grpo", config.output_dir, ignore=shutil.ignore_patterns("piece.json"))
 
     monkeypatch.setattr(study_pieces, "_in_fresh_process", evaluate_only)
     monkeypatch.setattr(study_pieces, "_vocab_size", lambda path: 49152)
+    study_pieces.check_from_pilot(plan)
     study_pieces.run_pieces(plan)
     final = plan.piece_dir(1, "grpo")
     assert calls == ["_evaluate_in_process"] and final == tmp_path / "r" / "seed-1" / "grpo"
     piece = json.loads((final / "piece.json").read_text())
-    assert piece["trained_by_pilot"] == str(pilot)
-    assert (
-        piece["wall_seconds"]["training"] == json.loads((pilot / "piece.json").read_text())["wall_seconds"]["training"]
-    )
-    assert piece["training"]["logged_steps"] == 1 and "learnt" in piece
+    record = json.loads((pilot / "piece.json").read_text())
+    assert piece["trained_by_pilot"] == str(pilot) and piece["training_cpu"] == record["cpu"]
+    assert piece["wall_seconds"]["training"] == record["wall_seconds"]["training"]
+    assert piece["training"]["logged_steps"] == 1 and "learnt" in piece and piece["solo_repeats_pilot"] is True
     assert not weights.exists()
+
+
+def _spoil_json(path: Path, change) -> None:
+    data = json.loads(path.read_text())
+    change(data)
+    path.write_text(json.dumps(data))
 
 
 @pytest.mark.parametrize("spoil, error", [
@@ -876,29 +895,29 @@ def test_a_full_piece_from_a_pilots_kept_weights_is_evaluated_not_trained(study,
     ("weights", "holds no trained model"),
     ("pilot", "holds no committed pilot"),
     ("config", "learning_rate"),
-    ("instruction", "instruction"),
+    ("instruction", "'instruction'"),
+    ("backend", "'batch_size'"),
+    ("problems", "other held-out problems"),
 ])  # fmt: skip
 def test_from_pilot_refuses_weights_that_are_not_the_pilots(study, tmp_path, monkeypatch, no_model_loading, spoil,
                                                            error):  # fmt: skip
-    """Weights another training left, a missing pilot or weights, or a pilot trained with other settings: a clear
-    error before anything is evaluated, and the weights are kept."""
+    """Weights another training left, a missing pilot or weights, or a pilot trained or sampled with other settings:
+    a clear error before anything is evaluated."""
     plan, pilot, weights = _from_pilot_plan(study, tmp_path)
     if spoil == "history":
-        history = json.loads((weights / "log_history.json").read_text())
-        history[0]["loss"] = history[0]["loss"] + 1.0
-        (weights / "log_history.json").write_text(json.dumps(history))
+        _spoil_json(weights / "log_history.json", lambda h: h[0].update(loss=h[0]["loss"] + 1.0))
     elif spoil == "weights":
         (weights / "config.json").unlink()
     elif spoil == "pilot":
         shutil.rmtree(pilot)
     elif spoil == "config":
-        record = json.loads((pilot / "piece.json").read_text())
-        record["config"]["learning_rate"] *= 2
-        (pilot / "piece.json").write_text(json.dumps(record))
+        _spoil_json(pilot / "piece.json", lambda r: r["config"].update(learning_rate=2 * r["config"]["learning_rate"]))
+    elif spoil == "instruction":
+        _spoil_json(pilot / "results.json", lambda r: r["settings"].update(instruction="answer_line"))
+    elif spoil == "backend":
+        _spoil_json(pilot / "results.json", lambda r: r["settings"].update(batch_size=r["settings"]["batch_size"] + 1))
     else:
-        results = json.loads((pilot / "results.json").read_text())
-        results["settings"]["instruction"] = "answer_line"
-        (pilot / "results.json").write_text(json.dumps(results))
+        _spoil_json(pilot / "piece.json", lambda r: r.update(eval_problems_sha256="0" * 64))
 
     def refuse(*args):
         raise AssertionError("evaluated before the weights were checked")
@@ -906,7 +925,22 @@ def test_from_pilot_refuses_weights_that_are_not_the_pilots(study, tmp_path, mon
     monkeypatch.setattr(study_pieces, "_in_fresh_process", refuse)
     with pytest.raises((ValueError, FileNotFoundError), match=error):
         study_pieces.run_pieces(plan)
-    assert (weights / "log_history.json").is_file()
+
+
+def test_from_pilot_checks_every_arm_before_the_first_piece(study, tmp_path, monkeypatch, capsys, no_model_loading):
+    """A good GRPO pilot and no tandem pilot: one error line naming the tandem pilot, before GRPO is evaluated."""
+    _from_pilot_plan(study, tmp_path, "--arms", "grpo", "tandem")
+
+    def refuse(*args):
+        raise AssertionError("a piece ran before every arm's weights were checked")
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", refuse)
+    argv = ["--seeds", "1", "--from_pilot", "--arms", "grpo", "tandem", "--output_dir", str(tmp_path / "weights"),
+            "--results_dir", str(tmp_path / "r")]  # fmt: skip
+    with pytest.raises(SystemExit) as exit_:
+        study.main(argv)
+    assert exit_.value.code == 2
+    assert "holds no committed pilot of seed 1, tandem" in capsys.readouterr().err
 
 
 def test_from_pilot_with_pilot_is_a_usage_error(study):
@@ -920,10 +954,13 @@ def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_pa
     copy = tmp_path / "study"
     shutil.copytree(FIXTURE, copy)
     shutil.copytree(copy / "seed-1" / "tandem", copy / "seed-1" / "tandem-p0.1")
-    results = json.loads((copy / "seed-1" / "tandem-p0.1" / "results.json").read_text())
-    (entry,) = results["checkpoints"].values()
-    entry["solo"]["correct_per_problem"] = [4] * len(entry["solo"]["correct_per_problem"])
-    (copy / "seed-1" / "tandem-p0.1" / "results.json").write_text(json.dumps(results))
+    for arm in ("grpo", "tandem-p0.1", "kl_to_junior"):  # every arm evaluated under the rule at p 0.1
+        results = json.loads((copy / "seed-1" / arm / "results.json").read_text())
+        results["settings"]["handoff"]["junior_probability"] = 0.1
+        if arm == "tandem-p0.1":
+            (entry,) = results["checkpoints"].values()
+            entry["solo"]["correct_per_problem"] = [4] * len(entry["solo"]["correct_per_problem"])
+        (copy / "seed-1" / arm / "results.json").write_text(json.dumps(results))
     shutil.rmtree(copy / "seed-1" / "tandem")
     result = subprocess.run([sys.executable, str(SCRIPT), "--report", "--results_dir", str(copy),
                              "--junior_probability", "0.1"], cwd=tmp_path, env=child_env(), capture_output=True,
@@ -936,3 +973,8 @@ def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_pa
     assert "junior probability 0.1" in (copy / "report-p0.1" / "report.md").read_text()
     _, seeds = study_report.committed_pieces(copy)
     assert set(seeds[1]) == {"grpo", "kl_to_junior"}
+    _spoil_json(
+        copy / "seed-1" / "grpo" / "results.json", lambda r: r["settings"]["handoff"].update(junior_probability=0.5)
+    )
+    with pytest.raises(ValueError, match="'handoff'"):  # arms evaluated under other rules are not compared
+        study_report.build_report(copy, junior_probability=0.1)

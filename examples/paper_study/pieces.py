@@ -225,14 +225,11 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
             "wall_seconds": "training: the trainer's train_runtime; evaluation: its timing total",
         }
         if arm != "base":
-            config = plan.configs[(seed, arm)]
             history = json.loads((partial / "log_history.json").read_text())
             piece["wall_seconds"]["training"] = next(
                 (e["train_runtime"] for e in reversed(history) if "train_runtime" in e), None
             )
-            piece["training"] = training_summary(history, config.beta)
-            piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
-            piece["config"]["lora_r"] = plan.study.lora_r
+            _record_training(plan, seed, arm, piece, history)
         piece["wall_seconds"]["evaluation"] = results["timing_seconds"]["total"]
         return _finish_piece(plan, seed, arm, piece, partial, final, plan.study.model_name_or_path, problems_sha256)
     if partial.exists():
@@ -241,10 +238,8 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
         config = plan.configs[(seed, arm)]
         weights = Path(config.output_dir)
         if plan.study.from_pilot:
-            pilot = pilot_weights(plan, seed, arm)
+            pilot_weights(plan, seed, arm)
             print(f"[{_label(seed, arm)}] the weights its pilot trained: {weights}", flush=True)
-            piece["trained_by_pilot"] = str(plan.piece_dir(seed, arm, pilot=True))
-            piece["wall_seconds"]["training"] = pilot["wall_seconds"]["training"]
         else:
             if weights.exists():
                 shutil.rmtree(weights)
@@ -254,16 +249,16 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
                               plan.train_dataset, plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior",
                               plan.study.answer)  # fmt: skip
             piece["wall_seconds"]["training"] = time.perf_counter() - started
-        history = json.loads((weights / "log_history.json").read_text())
-        piece["training"] = training_summary(history, config.beta)
-        piece["config"] = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)}
-        piece["config"]["lora_r"] = plan.study.lora_r
+        _record_training(plan, seed, arm, piece, json.loads((weights / "log_history.json").read_text()))
         checkpoint = str(weights)
     print(f"[{_label(seed, arm)}] evaluating: {plan.evaluation.limit} problems x k={plan.evaluation.k} -> {final}",
           flush=True)  # fmt: skip
     started = time.perf_counter()
     _in_fresh_process(_evaluate_in_process, piece_config(plan, arm, checkpoint, partial))
     piece["wall_seconds"]["evaluation"] = time.perf_counter() - started
+    if plan.study.from_pilot and weights is not None:
+        counts = [_solo_counts(folder / "results.json") for folder in (partial, plan.piece_dir(seed, arm, pilot=True))]
+        piece["solo_repeats_pilot"] = counts[0] == counts[1]  # the same draws where the evaluation settings agree
     if weights is not None:
         for name in ("log_history.json", "training_curves.png"):
             shutil.copy(weights / name, partial / name)
@@ -273,21 +268,68 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     return final
 
 
+def _solo_counts(results_file: Path) -> list[int]:
+    """A piece's correct solo samples per problem (its one checkpoint's)."""
+    (entry,) = json.loads(results_file.read_text())["checkpoints"].values()
+    return entry["solo"]["correct_per_problem"]
+
+
+def _config_record(plan: Plan, seed: int, arm: str) -> dict:
+    """What ``piece.json`` records of an arm's training config (``ARM_FIELDS``, ``SHARED_FIELDS``, ``lora_r``), as
+    JSON reads it back."""
+    config = plan.configs[(seed, arm)]
+    record = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)} | {"lora_r": plan.study.lora_r}
+    return json.loads(json.dumps(record, default=str))
+
+
+def _record_training(plan: Plan, seed: int, arm: str, piece: dict, history: list[dict]) -> None:
+    """Fill a trained piece's ``training`` summary and ``config``; under ``--from_pilot``, also the pilot it comes
+    from (``trained_by_pilot``) and that pilot's training time and CPU (``training_cpu``)."""
+    piece["training"] = training_summary(history, plan.configs[(seed, arm)].beta)
+    piece["config"] = _config_record(plan, seed, arm)
+    if plan.study.from_pilot:
+        folder = plan.piece_dir(seed, arm, pilot=True)
+        pilot = json.loads((folder / PIECE_FILE).read_text())
+        piece["trained_by_pilot"] = str(folder)
+        piece["wall_seconds"]["training"] = pilot["wall_seconds"]["training"]
+        piece["training_cpu"] = pilot["cpu"]
+
+
+FROM_PILOT_EVALUATION = (*SOLO_EVALUATION, "base", "backend", "batch_size", "dtype", "num_threads")
+"""The evaluation settings a ``--from_pilot`` piece must share with its pilot: what its solo pass@1 depends on, the
+base model (which the weights were trained from) and what decides the draws (the backend, its batch and threads)."""
+
+
+def check_from_pilot(plan: Plan) -> None:
+    """``--from_pilot``: check every trained piece still to run against its pilot
+    ([`pilot_weights`][paper_study.pieces.pilot_weights]) before the first piece spends an hour.
+
+    Raises:
+        FileNotFoundError, ValueError: as ``pilot_weights``.
+    """
+    for seed in plan.study.seeds:
+        for arm in (a for a in ARMS + CONTROLS if a in plan.study.arms):
+            if not (plan.piece_dir(seed, arm) / PIECE_FILE).is_file():
+                pilot_weights(plan, seed, arm)
+
+
 def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
     """For ``--from_pilot``: check that ``arm``'s weights folder holds the training of its committed pilot piece,
     and return that pilot's ``piece.json``.
 
     The pilot (``<results_dir>/pilot/seed-<s>/<arm>``) must have this plan's arm config (``ARM_FIELDS``,
-    ``SHARED_FIELDS``, ``lora_r``), held-out problems and instruction, and the weights folder
-    (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry: the loss, reward and time of
-    every step, which another training would not repeat.
+    ``SHARED_FIELDS``, ``lora_r``), its held-out file (sha256) and evaluation settings (``FROM_PILOT_EVALUATION``),
+    and the weights folder (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry: the
+    loss, reward and time of every step, which another training would not repeat. The training problems are not
+    recorded by a pilot: the log history stands for them.
 
     Raises:
         FileNotFoundError: no committed pilot, or no weights (naming the command that makes them).
         ValueError: the pilot or the weights are another training's (naming what differs).
     """
-    config = plan.configs[(seed, arm)]
-    weights = Path(config.output_dir)
+    import dataclasses
+
+    weights = Path(plan.configs[(seed, arm)].output_dir)
     folder = plan.piece_dir(seed, arm, pilot=True)
     make = (f"run this command with --pilot --keep_weights --arms {arm} (and without --from_pilot) first, or leave "
             "out --from_pilot to train the arm again")  # fmt: skip
@@ -297,18 +339,25 @@ def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
         raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
                                 f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
     pilot = json.loads((folder / PIECE_FILE).read_text())
-    expected = {f: getattr(config, f) for f in (*ARM_FIELDS, *SHARED_FIELDS)} | {"lora_r": plan.study.lora_r}
-    expected = json.loads(json.dumps(expected, default=str))
+    expected = _config_record(plan, seed, arm)
     differing = sorted(k for k in expected if pilot.get("config", {}).get(k) != expected[k])
-    settings = json.loads((folder / "results.json").read_text())["settings"]
-    differing += [k for k in ("instruction", "answer") if settings.get(k) != getattr(plan.evaluation, k)]
-    problems = check_held_out(plan)
-    if problems is not None and pilot.get("eval_problems_sha256") not in (None, problems):
-        differing.append("held-out problems (eval_problems_sha256)")
     if differing:
         raise ValueError(f"--from_pilot: the pilot {folder} was trained otherwise than this command would train "
                          f"{arm} ({', '.join(differing)}): use the pilot's flags, or leave out "
                          "--from_pilot.")  # fmt: skip
+    settings = json.loads(json.dumps(dataclasses.replace(plan.evaluation, output_dir=str(folder)).to_dict()))
+    keys = tuple(key for key in FROM_PILOT_EVALUATION if key in settings)
+    source = Path(plan.eval_source)
+    sha = {"eval_problems_sha256": _sha256(source)} if source.is_file() else {}
+    if sha and pilot.get("eval_problems_sha256") != sha["eval_problems_sha256"]:
+        raise ValueError(f"--from_pilot: the pilot {folder} was sampled on other held-out problems than {source} "
+                         "(eval_problems_sha256): use the pilot's --results_dir and settings.")  # fmt: skip
+    try:
+        check_same_evaluation({"results": {"settings": settings}} | sha,
+                              {"results": json.loads((folder / "results.json").read_text())} | sha,
+                              f"--from_pilot: the pilot {folder}", keys)  # fmt: skip
+    except ValueError as err:
+        raise ValueError(f"{err} Use the pilot's evaluation flags.") from None
     if json.loads((weights / "log_history.json").read_text()) != json.loads((folder / "log_history.json").read_text()):
         raise ValueError(f"--from_pilot: {weights} is not the training of the committed pilot {folder} (their "
                          f"log_history.json differ): {make}.")  # fmt: skip
@@ -438,10 +487,6 @@ def run_pieces(plan: Plan) -> None:
         path.write_text(text, encoding="utf-8")
     pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
     pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS + CONTROLS if arm in plan.study.arms]
-    if plan.study.from_pilot:  # every arm's weights, before the first piece spends an hour
-        for seed, arm in pieces:
-            if arm != "base" and not (plan.piece_dir(seed, arm) / PIECE_FILE).is_file():
-                pilot_weights(plan, seed, arm)
     for number, (seed, arm) in enumerate(pieces, 1):
         print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
         run_piece(plan, seed, arm)

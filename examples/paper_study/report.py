@@ -12,7 +12,16 @@ import sys
 from pathlib import Path
 
 from .pieces import learnt, versions
-from .plan import ARMS, LABELS, PAPER_JUNIOR_PROBABILITY, PIECE_FILE, check_same_evaluation, folder_name, report_folder
+from .plan import (
+    ARMS,
+    LABELS,
+    PAPER_JUNIOR_PROBABILITY,
+    PIECE_FILE,
+    SOLO_EVALUATION,
+    check_same_evaluation,
+    folder_name,
+    report_folder,
+)
 from .table import DIFFERENCES, INTERVALS, comparison_rows, comparison_table, html_table, markdown_table, sources
 
 TRAINING_HEADER = ["arm", "seed", "beta", "mean KL", "mean KL term (beta·KL)", "mean policy loss",
@@ -145,9 +154,13 @@ def build_report(results_dir: Path, report_dir: Path | None = None,
     if base is None or not seeds:
         raise FileNotFoundError(f"{results_dir}: the report needs the base piece and at least one arm's piece (run "
                                 "with --arms base grpo ... first).")  # fmt: skip
+    # The base runs no handoff schedule, so its recorded rule does not matter; the arms are compared under one rule
+    # (a tandem arm at p 0.1 with the others evaluated at --junior_probability 0.1 too).
+    first = next(iter(next(iter(seeds.values())).items()))
     for seed, arms in seeds.items():
         for arm, piece in arms.items():
-            check_same_evaluation(base, piece, f"seed-{seed}/{arm}")
+            check_same_evaluation(base, piece, f"seed-{seed}/{arm}", SOLO_EVALUATION)
+            check_same_evaluation(first[1], piece, f"seed-{seed}/{arm} (against {first[0]})")
     confidence = base["results"]["settings"]["confidence"]
     eval_seed = base["results"]["settings"]["seed"]
     per_seed = {seed: seed_results(base, arms) for seed, arms in seeds.items()}
