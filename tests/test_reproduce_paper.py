@@ -873,6 +873,7 @@ def test_a_full_piece_from_a_pilots_kept_weights_is_evaluated_not_trained(study,
     monkeypatch.setattr(study_pieces, "_in_fresh_process", evaluate_only)
     monkeypatch.setattr(study_pieces, "_vocab_size", lambda path: 49152)
     study_pieces.check_from_pilot(plan)
+    assert f"(to evaluate from its pilot's weights {weights}, ~" in study_plan.describe(plan)
     study_pieces.run_pieces(plan)
     final = plan.piece_dir(1, "grpo")
     assert calls == ["_evaluate_in_process"] and final == tmp_path / "r" / "seed-1" / "grpo"

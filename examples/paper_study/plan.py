@@ -228,7 +228,8 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     out = {"base": problems * t["eval_base"] / 4 * scale + t["overhead"]}  # no handoff schedules
     for arm in ARMS + CONTROLS:
         step = t["step"][arm if arm in ARMS else "tandem"]  # a control's step is a tandem step
-        out[arm] = per_piece + step * shared.max_steps * size / (t["completions"] * t["tokens"])
+        training = 0.0 if study.from_pilot else step * shared.max_steps * size
+        out[arm] = per_piece + training / (t["completions"] * t["tokens"])
     return out, t["measured"]
 
 
@@ -253,6 +254,8 @@ def describe(plan: Plan) -> str:
         if arm not in study.arms:
             continue
         state = "committed, will be skipped" if (plan.piece_dir(seed, arm) / PIECE_FILE).is_file() else "to run"
+        if state == "to run" and study.from_pilot:
+            state = f"to evaluate from its pilot's weights {config.output_dir}"
         lines.append(
             f"  seed {seed} {arm:<13} junior_probability={config.junior_probability:g} "
             f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.piece_dir(seed, arm)} ({state}, "
