@@ -963,6 +963,10 @@ def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_pa
             entry["solo"]["correct_per_problem"] = [4] * len(entry["solo"]["correct_per_problem"])
         (copy / "seed-1" / arm / "results.json").write_text(json.dumps(results))
     shutil.rmtree(copy / "seed-1" / "tandem")
+    # A base piece linked from another study folder: the same held-out file (sha256) read through another path.
+    _spoil_json(copy / "base" / "results.json", lambda r: r["settings"].update(dataset=["elsewhere/problems.jsonl"]))
+    for folder in ("base", "seed-1/grpo", "seed-1/tandem-p0.1", "seed-1/kl_to_junior"):
+        _spoil_json(copy / folder / "piece.json", lambda r: r.update(eval_problems_sha256="ab" * 32))
     result = subprocess.run([sys.executable, str(SCRIPT), "--report", "--results_dir", str(copy),
                              "--junior_probability", "0.1"], cwd=tmp_path, env=child_env(), capture_output=True,
                             text=True, timeout=300)  # fmt: skip

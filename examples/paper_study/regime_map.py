@@ -23,13 +23,13 @@ LEVERS: dict[str, dict] = {
         "label": "cpu-paper: last number read, 2 prompts x 8, 30 steps",
         "stale_head": True,
     },
-    "answer-line": {
-        "results_dir": "results/map/answer-line",
-        "label": "answer line: only a stated 'Answer:' read (reward and evaluation)",
-    },
     "fixed-head": {
         "results_dir": "results/map/fixed-head",
         "label": "cpu-paper rerun with the fixed tied head (repack_tied_layers)",
+    },
+    "answer-line": {
+        "results_dir": "results/map/answer-line",
+        "label": "answer line: only a stated 'Answer:' read (reward and evaluation)",
     },
     "budget": {
         "results_dir": "results/map/budget",
@@ -209,7 +209,7 @@ def plot_map(rows: list[dict], path: Path) -> None:
     ax.set_title("Where the senior learns: SmolLM2-135M, chain2 problems, 100 held-out x 8", fontsize=9)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # the long row labels push the axis label past the figure
     plt.close(fig)
 
 

@@ -128,6 +128,13 @@ def paired_differences(base: dict, arms: dict[str, dict]) -> dict[str, dict]:
     return out
 
 
+def _same_problems(base: dict, piece: dict) -> str | None:
+    """The held-out file's sha256 where the base and the piece recorded the same one (the piece may have read it
+    through another path: a lever whose base piece is linked from another folder), else None."""
+    sha = base.get("eval_problems_sha256")
+    return sha if sha is not None and piece.get("eval_problems_sha256") == sha else None
+
+
 def report_command(results_dir: Path, report_dir: Path | None = None,
                    junior_probability: float = PAPER_JUNIOR_PROBABILITY) -> str:  # fmt: skip
     """The command that rebuilds this report from the committed pieces, whichever command built it (a piece's run
@@ -172,7 +179,10 @@ def build_report(results_dir: Path, report_dir: Path | None = None,
         "confidence": confidence,
         "intervals": INTERVALS,
         "learnt": {
-            str(s): {arm: learnt(base["results"], p["results"], confidence) for arm, p in arms.items()}
+            str(s): {
+                arm: learnt(base["results"], p["results"], confidence, problems_sha256=_same_problems(base, p))
+                for arm, p in arms.items()
+            }
             for s, arms in seeds.items()
         },  # fmt: skip
         "seeds": {str(s): comparison_table([rows[s]], confidence, eval_seed) for s in seeds},
