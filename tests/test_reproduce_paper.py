@@ -744,6 +744,10 @@ def test_the_regime_map_pairs_each_piece_with_its_base_and_its_seeds_grpo(tmp_pa
     _set_solo(lever / "pilot" / "seed-1" / "tandem-p0.1", [4, 4, 1])  # -8.3 points from GRPO, but 0 is in the interval
     shutil.copytree(lever / "seed-1" / "grpo", lever / "pilot" / "seed-1" / "grpo")
     _set_solo(lever / "pilot" / "seed-1" / "grpo", [0, 0, 0])  # the full piece wins over this pilot
+    # ... also when it was evaluated under another training rule (a p 0.1 study's GRPO): GRPO has no junior probability
+    _spoil_json(
+        lever / "seed-1" / "grpo" / "results.json", lambda r: r["settings"]["handoff"].update(junior_probability=0.1)
+    )
     rows = regime_map.build_map(tmp_path / "map", {"lever": {"results_dir": str(lever), "label": "a lever"}})
     by_arm = {(r["arm"], r["junior_probability"]): r for r in rows}
     grpo = by_arm[("grpo", None)]

@@ -20,6 +20,9 @@ CONTROLS = ("live_junior",)
 with the engine's junior reloaded with the senior's weights at every weight sync, so co-generation is solo sampling
 of the current policy and only the authorship mask (the loss on the senior's tokens) differs from GRPO."""
 
+CO_GENERATING = ("tandem", "live_junior")
+"""The arms whose rollouts the junior co-writes: their junior probability tells their pieces apart."""
+
 LABELS = {"base": "base", "grpo": "GRPO", "tandem": "tandem", "kl_to_junior": "KL-to-junior",
           "live_junior": "live junior"}  # fmt: skip
 """Display names of the base and of each arm."""
@@ -63,7 +66,7 @@ def arm_config(shared: TandemGRPOConfig, arm: str, seed: int, output_dir: Path, 
     fields_ = dict(seed=seed, output_dir=str(output_dir), run_name=f"{arm}-seed-{seed}", kl_to_junior=False)
     if arm == "grpo":
         fields_ |= dict(junior_probability=0.0)
-    elif arm in ("tandem", "live_junior"):
+    elif arm in CO_GENERATING:
         fields_ |= dict(junior_probability=shared.junior_probability)
     elif arm == "kl_to_junior":
         fields_ |= dict(junior_probability=0.0, kl_to_junior=True, beta=kl_beta)
@@ -116,7 +119,7 @@ def folder_name(arm: str, junior_probability: float) -> str:
     """``arm``, with ``-p<junior_probability>`` for a co-generating arm away from the paper's 0.5
     (``tandem-p0.1``): a dose-response piece sits beside the 0.5 one instead of replacing it."""
     p = junior_probability
-    return f"{arm}-p{p:g}" if arm in ("tandem", "live_junior") and p != PAPER_JUNIOR_PROBABILITY else arm
+    return f"{arm}-p{p:g}" if arm in CO_GENERATING and p != PAPER_JUNIOR_PROBABILITY else arm
 
 
 # The evaluation's flags that this script names --eval_<flag> (StudyArguments).

@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from .pieces import learnt
-from .plan import LABELS, PIECE_FILE, SOLO_EVALUATION, check_same_evaluation
+from .plan import CO_GENERATING, LABELS, PIECE_FILE, SOLO_EVALUATION, check_same_evaluation
 
 LEVERS: dict[str, dict] = {
     "cpu-paper": {
@@ -63,8 +63,11 @@ def _pieces(results_dir: Path) -> list[tuple[int, str, float, Path]]:
             arm, p = match["arm"], match["p"]
             if arm not in LABELS or arm == "base":
                 continue
-            results = json.loads((folder / "results.json").read_text())
-            probability = float(p) if p else results["settings"]["handoff"]["junior_probability"]
+            if arm not in CO_GENERATING:  # its evaluation's handoff rule is not how it trained
+                probability = 0.0
+            else:
+                results = json.loads((folder / "results.json").read_text())
+                probability = float(p) if p else results["settings"]["handoff"]["junior_probability"]
             found[(int(folder.parent.name.removeprefix("seed-")), arm, probability)] = folder
     return [(seed, arm, p, folder) for (seed, arm, p), folder in sorted(found.items())]
 
@@ -124,7 +127,7 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
         sha = base_sha if base_sha is not None and _problems_sha256(folder) == base_sha else None
         verdict = learnt(base, results, confidence, problems_sha256=sha)
         row = {"lever": name, "lever_label": lever["label"], "seed": seed, "arm": arm,
-               "junior_probability": None if arm == "grpo" else p, "folder": str(folder),
+               "junior_probability": p if arm in CO_GENERATING else None, "folder": str(folder),
                "base_pass@1": verdict["base_pass@1"], "pass@1": verdict["arm_pass@1"],
                "gain": verdict["difference"] | {"null": verdict["null"]}, "learnt": verdict["learnt"],
                "stale_head": bool(lever.get("stale_head"))}  # fmt: skip
@@ -142,7 +145,7 @@ def lever_rows(name: str, lever: dict[str, str], confidence: float = 0.95) -> li
 def _label(row: dict) -> str:
     arm = LABELS[row["arm"]]
     p = row["junior_probability"]
-    return f"{arm} p {p:g}" if p is not None and row["arm"] != "kl_to_junior" else arm
+    return f"{arm} p {p:g}" if p is not None else arm
 
 
 def markdown_map(rows: list[dict]) -> str:
