@@ -34,8 +34,7 @@ LEVERS: dict[str, dict] = {
     "budget": {
         "results_dir": "results/map/budget",
         "label": "budget: tandem on 4 prompts x 8 a step, as many senior tokens as GRPO's 2 x 8",
-        "grpo_from": "results/cpu-paper",
-        "stale_head": True,
+        "grpo_from": "results/map/fixed-head",
     },
 }
 """The levers of the map, in the order shown: name -> the study folder (``results_dir``), what it changes (``label``)
