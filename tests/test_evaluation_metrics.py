@@ -202,10 +202,11 @@ def test_the_permutation_null_splits_like_a_fixed_split_of_exchangeable_samples(
             assert drawn[first] / draws == pytest.approx(count / len(placements), abs=0.01), (c, first)
 
 
-def test_the_permutation_null_is_sized_for_two_models_and_rejects_at_its_level():
+@pytest.mark.parametrize("k", [1, 4])
+def test_the_permutation_null_is_sized_for_two_models_and_rejects_at_its_level(k):
     """Two models with the same per-problem accuracy, sampled 8 times each on 60 problems: their paired difference
-    falls outside the null's 95% range (p below 0.05) about 5% of the time. Halves of one model's own 8 samples
-    (4 each) would give twice the variance (by the normal approximation, rejecting about 0.6% of the time)."""
+    of pass@k falls outside the null's 95% range (p below 0.05) about 5% of the time. Halves of one model's own 8
+    samples (4 each) would give twice the variance (by the normal approximation, rejecting about 0.6% of the time)."""
     import numpy as np
 
     from tandem_grpo.evaluation.solo import permutation_null
@@ -216,10 +217,32 @@ def test_the_permutation_null_is_sized_for_two_models_and_rejects_at_its_level()
     for _ in range(trials):
         p = rng.beta(0.5, 1.5, problems)
         before, after = rng.binomial(n, p).tolist(), rng.binomial(n, p).tolist()
-        rejected += (
-            permutation_null(before, after, n, num_splits=400, seed=int(rng.integers(1 << 30)))["p_value"] < 0.05
-        )
+        seed = int(rng.integers(1 << 30))
+        rejected += permutation_null(before, after, n, num_splits=400, seed=seed, k=k)["p_value"] < 0.05
     assert 0.02 <= rejected / trials <= 0.09
+
+
+def test_the_permutation_null_of_pass_at_k_reads_the_paired_pass_at_k_difference():
+    """The observed statistic is the mean over problems of pass@k(after) - pass@k(before), the unbiased estimator's:
+    a split whose halves hold exactly the two models' counts is as far from 0 as the observation (p 1 when the
+    split cannot change anything), and pass@k for k = n is coverage (any sample right)."""
+    from tandem_grpo.evaluation.solo import permutation_null
+    from tandem_grpo.evaluation.stats import pass_at_k
+
+    before, after = [0, 1, 2, 0, 4] * 20, [1, 1, 3, 2, 4] * 20
+    for k in (1, 2, 4):
+        pairs = zip(before, after, strict=True)
+        observed = sum(pass_at_k(4, a, k) - pass_at_k(4, b, k) for b, a in pairs) / len(before)
+        null = permutation_null(before, after, 4, k=k)
+        assert observed > 0 and (null["p_value"] < 0.01) == (observed > null["ci_high"])
+        assert (k > 1) == ("pass@" in null["definition"])
+    # Coverage: one model right once on every problem, the other never (observed 1). The pooled sample that is right
+    # lands in either half, so each problem adds +1 or -1 with equal chance: the 95% radius is about 2 / sqrt(50).
+    null = permutation_null([0] * 50, [1] * 50, 4, k=4)
+    assert null["p_value"] == 0.0 and null["ci_high"] == pytest.approx(2 / 50**0.5, abs=0.03)
+    assert permutation_null([0, 4], [4, 0], 4, k=4)["p_value"] == 1.0  # same coverage on the whole: observed 0
+    with pytest.raises(ValueError, match="pass@5 needs 1 <= k <= num_samples=4"):
+        permutation_null([1], [2], 4, k=5)
 
 
 def test_the_permutation_null_reads_the_observed_difference_and_refuses_bad_counts():

@@ -259,6 +259,33 @@ def test_comparison_shows_the_new_figures_with_their_intervals_and_nulls():
     assert "not measured" not in study_table.markdown_table(table)
 
 
+def test_pass_at_k_differences_carry_their_permutation_null_pooled_over_seeds():
+    """Each pass@k difference of correct counts (solo, accuracy, handoff, coverage) has the permutation null of those
+    counts; pooled over seeds, the problems of both seeds are split together (the pooled difference is their mean).
+    Rows that are not a pass@k of counts (the pass@k curve's mean, estimates) have none."""
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    seeds = [_new_evaluation(), _new_evaluation(shift=1)]
+    one = study_table.comparison_table([study_table.comparison_rows(seeds[0], PATHS)], 0.95, seed=0)
+    counts = lambda e, arm, *keys: study_table._path(e["checkpoints"][PATHS[arm]], *keys, "correct_per_problem")  # noqa: E731
+    for metric, keys, k in [("pass@2", ("solo",), 2), ("mean accuracy", ("solo",), 1),
+                            ("alternating (paper's protocol) pass@2", ("handoff", "alternating"), 2),
+                            ("coverage", ("solo",), 2)]:  # fmt: skip
+        want = permutation_null(counts(seeds[0], "grpo", *keys), counts(seeds[0], "tandem", *keys), 2, k=k)
+        got = _find(one, metric)["differences"]["tandem - grpo"]["null"]
+        assert got == {key: want[key] for key in ("value", "ci_low", "ci_high", "p_value")}, metric
+    pooled = study_table.comparison_table([study_table.comparison_rows(e, PATHS) for e in seeds], 0.95, seed=0)
+    both = lambda arm: counts(seeds[0], arm, "solo") + counts(seeds[1], arm, "solo")  # noqa: E731
+    want = permutation_null(both("grpo"), both("kl_to_junior"), 2, k=2)
+    got = _find(pooled, "pass@2")["differences"]["kl_to_junior - grpo"]["null"]
+    assert got == {key: want[key] for key in ("value", "ci_low", "ci_high", "p_value")}
+    assert "null" not in _find(one, "mean of pass@k")["differences"]["tandem - grpo"]
+    assert "null" not in _find(one, "alternating (paper's protocol) senior share")["differences"]["tandem - grpo"]
+    null = _find(one, "pass@2")["differences"]["tandem - grpo"]["null"]
+    cell = study_table.table_rows(one)[1][[r["metric"] for r in one].index("pass@2")][6]  # tandem − GRPO
+    assert cell.endswith(f"; null 0.000 [{null['ci_low']:.3f}, {null['ci_high']:.3f}]")
+
+
 def test_comparison_of_an_earlier_results_json_shows_not_measured():
     """Results written before issue 19's figures render: the new rows read "not measured", the earlier figures stay."""
     table = study_table.comparison_table([study_table.comparison_rows(_evaluation(), PATHS)], 0.95, seed=0)

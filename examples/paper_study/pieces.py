@@ -178,8 +178,7 @@ def learnt(base: dict, arm: dict, confidence: float = 0.95, problems_sha256: str
     from tandem_grpo.evaluation.solo import paired_accuracy_difference, permutation_null
 
     base_solo = base["junior"]["solo"]
-    (entry,) = arm["checkpoints"].values()
-    arm_solo = entry["solo"]
+    arm_solo = solo_block(arm)
     if (len(base_solo["correct_per_problem"]), base_solo["num_samples"]) != (
         len(arm_solo["correct_per_problem"]), arm_solo["num_samples"]
     ):  # fmt: skip
@@ -257,7 +256,8 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     _in_fresh_process(_evaluate_in_process, piece_config(plan, arm, checkpoint, partial))
     piece["wall_seconds"]["evaluation"] = time.perf_counter() - started
     if plan.study.from_pilot and weights is not None:
-        counts = [_solo_counts(folder / "results.json") for folder in (partial, plan.piece_dir(seed, arm, pilot=True))]
+        counts = [solo_block(json.loads((folder / "results.json").read_text()))["correct_per_problem"]
+                  for folder in (partial, plan.piece_dir(seed, arm, pilot=True))]  # fmt: skip
         piece["solo_repeats_pilot"] = counts[0] == counts[1]  # the same draws where the evaluation settings agree
     if weights is not None:
         for name in ("log_history.json", "training_curves.png"):
@@ -268,10 +268,11 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     return final
 
 
-def _solo_counts(results_file: Path) -> list[int]:
-    """A piece's correct solo samples per problem (its one checkpoint's)."""
-    (entry,) = json.loads(results_file.read_text())["checkpoints"].values()
-    return entry["solo"]["correct_per_problem"]
+def solo_block(results: dict) -> dict:
+    """The solo block of a piece's ``results.json`` (its one checkpoint's: ``correct_per_problem``, ``num_samples``,
+    ...)."""
+    (entry,) = results["checkpoints"].values()
+    return entry["solo"]
 
 
 def _config_record(plan: Plan, seed: int, arm: str) -> dict:

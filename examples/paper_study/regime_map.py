@@ -14,7 +14,7 @@ import json
 import re
 from pathlib import Path
 
-from .pieces import learnt
+from .pieces import learnt, solo_block
 from .plan import CO_GENERATING, LABELS, PIECE_FILE, SOLO_EVALUATION, check_same_evaluation
 
 LEVERS: dict[str, dict] = {
@@ -81,14 +81,8 @@ def _problems_sha256(folder: Path) -> str | None:
     return None
 
 
-def _solo_counts(results: dict) -> dict:
-    """The one checkpoint's solo figures of a piece's ``results.json`` (``correct_per_problem``, ``num_samples``)."""
-    (entry,) = results["checkpoints"].values()
-    return entry["solo"]
-
-
 def _solo(results: dict) -> list[float]:
-    solo = _solo_counts(results)
+    solo = solo_block(results)
     return [c / solo["num_samples"] for c in solo["correct_per_problem"]]
 
 
@@ -99,7 +93,7 @@ def _paired(a: dict, b: dict, confidence: float, problems_sha256: str | None) ->
 
     sha = {"eval_problems_sha256": problems_sha256}
     check_same_evaluation({"results": b} | sha, {"results": a} | sha, "the map's pair", SOLO_EVALUATION)
-    counts = [_solo_counts(r) for r in (b, a)]
+    counts = [solo_block(r) for r in (b, a)]
     difference = paired_accuracy_difference(_solo(b), _solo(a), confidence)["difference"]
     null = permutation_null(counts[0]["correct_per_problem"], counts[1]["correct_per_problem"],
                             counts[0]["num_samples"], confidence)  # fmt: skip

@@ -36,10 +36,13 @@ HACK_ROWS = (
 
 INTERVALS = (
     "pass@k, accuracy and pass@k-curve rows: percentile bootstrap over problems of per-problem values rebuilt from "
-    "the evaluation's correct counts, differences paired per problem. Senior share and reward-hacking rows: the "
-    "evaluation's percentile bootstrap over problems. Drift, moved-back and legibility rows: the evaluation's "
-    "normal intervals with a bootstrap standard error over problems, each with its null (drift: the base's two "
-    "halves; moved back: GRPO's own samples; legibility: even minus odd samples). Differences of the drift and "
+    "the evaluation's correct counts, differences paired per problem; the differences of pass@k, accuracy and "
+    "coverage have a permutation null (the same difference between two random halves of both arms' pooled samples "
+    "of each problem, 2000 splits; pooled over seeds, every seed's problems split together). Senior share and "
+    "reward-hacking rows: the evaluation's percentile bootstrap over problems. Drift, moved-back and legibility "
+    "rows: the evaluation's normal intervals with a bootstrap standard error over problems, each with its null "
+    "(drift: the base's two halves; moved back: GRPO's own samples; legibility: even minus odd samples). "
+    "Differences of the drift and "
     "junior cross-entropy rows between arms of one seed: the same bootstrap over problems applied to both arms "
     "(paired), computed from the pieces' samples; other differences of those rows, and any pooled over seeds, are "
     "differences of values without an interval. Rows marked "
@@ -163,8 +166,16 @@ def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, 
             return NOT_MEASURED
         return [fn(block["num_samples"], c) for c in block["correct_per_problem"]]
 
-    def solo_row(claim: str, metric: str, fn, source: str) -> dict:
-        return _row(claim, metric, "per_problem", {a: per_problem(b, fn) for a, b in solo.items()}, source)
+    def with_counts(row: dict, blocks: dict[str, dict | None], k: int) -> dict:
+        """The row of a pass@k of correct counts, with the counts its differences' permutation null splits."""
+        row["null_k"] = k
+        row["counts"] = {arm: (b["correct_per_problem"], b["num_samples"]) if b and "correct_per_problem" in b
+                         else None for arm, b in blocks.items()}  # fmt: skip
+        return row
+
+    def solo_row(claim: str, metric: str, fn, source: str, k: int | None = None) -> dict:
+        row = _row(claim, metric, "per_problem", {a: per_problem(b, fn) for a, b in solo.items()}, source)
+        return row if k is None else with_counts(row, solo, k)
 
     def estimate_row(claim: str, metric: str, source: str, read, base=None, arms=ARMS, key=None) -> None:
         values = {arm: _interval(*read(entries[arm])) if arm in arms else None for arm in ARMS}
@@ -175,8 +186,8 @@ def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, 
     # Solo capability.
     for k in ks:
         fn = lambda n, c, k=k: pass_at_k(n, c, k)  # noqa: E731
-        rows.append(solo_row("solo capability", f"pass@{k}", fn, "<arm>.solo.correct_per_problem"))
-    rows.append(solo_row("solo capability", "mean accuracy", lambda n, c: c / n, "<arm>.solo.correct_per_problem"))
+        rows.append(solo_row("solo capability", f"pass@{k}", fn, "<arm>.solo.correct_per_problem", k))
+    rows.append(solo_row("solo capability", "mean accuracy", lambda n, c: c / n, "<arm>.solo.correct_per_problem", 1))
 
     # Handoff robustness: the paper's protocol first, always; then every schedule the evaluation ran.
     found = dict.fromkeys(s for arm in ARMS for s in (entries[arm].get("handoff") or {}))
@@ -188,9 +199,10 @@ def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, 
         source = f"<arm>.handoff.{schedule}"
         for k in dict.fromkeys((ks[0], ks[-1])):
             fn = lambda n, c, k=k: pass_at_k(n, c, k)  # noqa: E731
-            arms = {arm: per_problem(_path(entries[arm], "handoff", schedule), fn) for arm in ARMS}
-            rows.append(_row("handoff robustness", f"{label} pass@{k}", "per_problem", arms,
-                             f"{source}.correct_per_problem"))  # fmt: skip
+            blocks = {arm: _path(entries[arm], "handoff", schedule) for arm in ARMS}
+            arms = {arm: per_problem(block, fn) for arm, block in blocks.items()}
+            row = _row("handoff robustness", f"{label} pass@{k}", "per_problem", arms, f"{source}.correct_per_problem")
+            rows.append(with_counts(row, blocks, k))
         estimate_row("handoff robustness", f"{label} senior share of tokens", f"{source}.senior_share",
                      lambda e, s=schedule: (_path(e, "handoff", s, "senior_share"),))  # fmt: skip
 
@@ -276,8 +288,10 @@ def comparison_rows(results: dict, arm_paths: dict[str, str], paired: dict[str, 
     last = next(
         (_path(b, "pass_at_k_curve", "k") or [b["num_samples"]])[-1] for b in solo.values() if isinstance(b, dict)
     )
-    rows.append(solo_row("pass@k curve", f"coverage (any of {last} samples correct)", lambda n, c: float(c > 0),
-                         "<arm>.solo.correct_per_problem"))  # fmt: skip
+    coverage = solo_row("pass@k curve", f"coverage (any of {last} samples correct)", lambda n, c: float(c > 0),
+                        "<arm>.solo.correct_per_problem")  # fmt: skip
+    n = {b["num_samples"] for b in solo.values() if isinstance(b, dict) and "num_samples" in b}
+    rows.append(with_counts(coverage, solo, n.pop()) if len(n) == 1 else coverage)  # coverage = pass@n
     area = lambda n, c: sum(pass_at_k(n, c, j) for j in range(1, last + 1)) / last  # noqa: E731
     rows.append(solo_row("pass@k curve", f"mean of pass@k over k = 1..{last}", area, "<arm>.solo.correct_per_problem"))
     return rows
@@ -334,6 +348,22 @@ def _pool(kind: str, values: list, confidence: float, seed: int) -> tuple[object
     return pooled, entry, [min(points), max(points)]
 
 
+def _pass_at_k_null(rows: tuple[dict, ...], a: str, b: str, confidence: float, seed: int) -> dict | None:
+    """The permutation null ([`permutation_null`][tandem_grpo.evaluation.solo.permutation_null]) of a pass@k row's
+    difference ``a - b``, over the problems of every seed (pooled over seeds, the difference is the mean over seeds
+    and problems, so the problems of all seeds are split together); None where the row is not a pass@k of correct
+    counts, or some seed lacks them or samples another number per problem."""
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    counts = [(row.get("counts") or {}).get(arm) for row in rows for arm in (a, b)]
+    if "null_k" not in rows[0] or any(c is None for c in counts) or len({n for _, n in counts}) != 1:
+        return None
+    before = [c for row in rows for c in row["counts"][b][0]]
+    after = [c for row in rows for c in row["counts"][a][0]]
+    null = permutation_null(before, after, counts[0][1], confidence, seed=seed, k=rows[0]["null_k"])
+    return {key: null[key] for key in ("value", "ci_low", "ci_high", "p_value")}
+
+
 def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: int) -> list[dict]:
     """The table of one seed (one list of rows) or pooled over seeds.
 
@@ -344,7 +374,9 @@ def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: i
     ``differences`` (``"tandem - grpo"``, ``"kl_to_junior - grpo"``) hold the same fields and ``paired``:
 
     - per-problem rows: each arm's interval is the percentile bootstrap over problems of its per-problem values,
-      the difference's a paired bootstrap over problems (``paired`` True);
+      the difference's a paired bootstrap over problems (``paired`` True); a pass@k row's difference (solo, handoff,
+      accuracy, coverage) also has its permutation ``null`` (``value`` 0, ``ci_low``, ``ci_high``, ``p_value``):
+      the same difference between two random halves of both arms' pooled samples, problem by problem;
     - estimate rows: each arm's interval is the evaluation's own; the difference is the row's
       ``paired_differences`` entry with its paired interval where one seed has it (``paired`` True), else the
       difference of the two values without an interval (``paired`` False);
@@ -389,6 +421,9 @@ def comparison_table(per_seed_rows: list[list[dict]], confidence: float, seed: i
                 out["differences"][key] = _estimate([x - y for x, y in zip(va, vb, strict=True)], confidence, seed) | {
                     "paired": True
                 }
+                null = _pass_at_k_null(rows, a, b, confidence, seed)
+                if null is not None:
+                    out["differences"][key]["null"] = null
             elif len(rows) == 1 and key in (first.get("paired_differences") or {}):
                 given = first["paired_differences"][key]
                 out["differences"][key] = _interval(given) | {"paired": True}

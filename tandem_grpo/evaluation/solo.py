@@ -165,12 +165,15 @@ def permutation_null(
     confidence: float = 0.95,
     num_splits: int = 2000,
     seed: int = 0,
+    k: int = 1,
 ) -> dict:
-    """The null of [`paired_accuracy_difference`][tandem_grpo.evaluation.solo.paired_accuracy_difference] for two
-    models sampled ``num_samples`` times on each problem: the same statistic between two halves of their pooled
-    samples, as if both were one model. Each problem's ``2 * num_samples`` samples are split at random into two
-    halves of ``num_samples`` (the first half holds a hypergeometric number of the problem's correct ones), and the
-    mean over problems of the first half's accuracy minus the second's is taken, ``num_splits`` times.
+    """The null of a paired difference of mean pass@k over problems (``k`` 1: of
+    [`paired_accuracy_difference`][tandem_grpo.evaluation.solo.paired_accuracy_difference]) for two models sampled
+    ``num_samples`` times on each problem: the same statistic between two halves of their pooled samples, as if both
+    were one model. Each problem's ``2 * num_samples`` samples are split at random into two halves of
+    ``num_samples`` (the first half holds a hypergeometric number of the problem's correct ones), and the mean over
+    problems of the first half's pass@k ([`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k], unbiased) minus the
+    second's is taken, ``num_splits`` times.
 
     Halves of one model's own ``num_samples`` would hold half as many samples each and give twice the variance of the
     difference they stand for; pooling keeps the halves the size of the models' samples, so the range is what
@@ -183,6 +186,7 @@ def permutation_null(
         num_samples: samples per problem and model, ``>= 1``.
         num_splits: random splits, ``>= 1``.
         seed: seeds the splits (numpy); the same seed gives the same null.
+        k: the statistic's pass@k, ``1 <= k <= num_samples`` (default 1: accuracy).
 
     Returns:
         ``{"value": 0.0, "ci_low": -r, "ci_high": r, "p_value", "confidence", "ci_method", "num_problems",
@@ -192,9 +196,11 @@ def permutation_null(
 
     Raises:
         ValueError: different numbers of problems or none, a count outside ``[0, num_samples]``, ``num_samples < 1``,
-            ``num_splits < 1`` or ``confidence`` outside (0, 1).
+            ``num_splits < 1``, ``k`` outside ``[1, num_samples]`` or ``confidence`` outside (0, 1).
     """
     import numpy as np
+
+    from tandem_grpo.evaluation.stats import pass_at_k
 
     if len(before) != len(after) or not before:
         raise ValueError(f"{len(before)} and {len(after)} problems: the null pairs the same problems, at least one.")
@@ -205,16 +211,20 @@ def permutation_null(
         bad = [i for i, c in enumerate(counts) if not 0 <= c <= num_samples]
         if bad:
             raise ValueError(f"{name}: problem {bad[0]} has {counts[bad[0]]} correct of {num_samples} samples.")
-    pooled = [b + a for b, a in zip(before, after, strict=True)]
-    first = _split_halves(pooled, 2 * num_samples, num_splits, seed)
-    statistic = np.abs((2 * first - np.asarray(pooled)).mean(axis=1)) / num_samples  # [num_splits], |first - second|
-    observed = abs(sum(after) - sum(before)) / num_samples / len(before)
+    if not 1 <= k <= num_samples:
+        raise ValueError(f"pass@{k} needs 1 <= k <= num_samples={num_samples}.")
+    score = np.array([pass_at_k(num_samples, c, k) for c in range(num_samples + 1)])  # [n + 1]: pass@k of c correct
+    pooled = np.array([b + a for b, a in zip(before, after, strict=True)])
+    first = _split_halves(pooled, 2 * num_samples, num_splits, seed)  # [num_splits, P]
+    statistic = np.abs((score[first] - score[pooled - first]).mean(axis=1))  # [num_splits], |first - second|
+    observed = abs(float((score[np.asarray(after)] - score[np.asarray(before)]).mean()))
     radius = float(np.quantile(statistic, confidence))
+    of = f" of pass@{k}" if k > 1 else ""
     return {"value": 0.0, "ci_low": -radius, "ci_high": radius,
             "p_value": float((statistic >= observed - 1e-12).mean()), "confidence": confidence,
             "ci_method": f"permutation: {num_splits} random splits of the pooled samples (seed {seed})",
             "num_problems": len(before),
-            "definition": f"the same difference between two random halves of {num_samples} of each problem's "
+            "definition": f"the same difference{of} between two random halves of {num_samples} of each problem's "
                           f"{2 * num_samples} pooled samples of both models"}  # fmt: skip
 
 
