@@ -198,9 +198,9 @@ def permutation_null(
         ValueError: different numbers of problems or none, a count outside ``[0, num_samples]``, ``num_samples < 1``,
             ``num_splits < 1``, ``k`` outside ``[1, num_samples]`` or ``confidence`` outside (0, 1).
     """
-    import numpy as np
+    import math
 
-    from tandem_grpo.evaluation.stats import pass_at_k
+    import numpy as np
 
     if len(before) != len(after) or not before:
         raise ValueError(f"{len(before)} and {len(after)} problems: the null pairs the same problems, at least one.")
@@ -213,11 +213,16 @@ def permutation_null(
             raise ValueError(f"{name}: problem {bad[0]} has {counts[bad[0]]} correct of {num_samples} samples.")
     if not 1 <= k <= num_samples:
         raise ValueError(f"pass@{k} needs 1 <= k <= num_samples={num_samples}.")
-    score = np.array([pass_at_k(num_samples, c, k) for c in range(num_samples + 1)])  # [n + 1]: pass@k of c correct
+    # pass@k of c correct is score[c] / C(n, k) (Chen et al.'s estimator, as in stats.pass_at_k): sums stay exact
+    # integers while they fit, so the figures do not depend on the order of the rounding (k 1: counts over n).
+    total = math.comb(num_samples, k)
+    exact = total * len(before) < 2**62
+    score = np.array([total - math.comb(num_samples - c, k) for c in range(num_samples + 1)],
+                     dtype=np.int64 if exact else np.float64)  # fmt: skip
     pooled = np.array([b + a for b, a in zip(before, after, strict=True)])
     first = _split_halves(pooled, 2 * num_samples, num_splits, seed)  # [num_splits, P]
-    statistic = np.abs((score[first] - score[pooled - first]).mean(axis=1))  # [num_splits], |first - second|
-    observed = abs(float((score[np.asarray(after)] - score[np.asarray(before)]).mean()))
+    statistic = np.abs((score[first] - score[pooled - first]).mean(axis=1)) / total  # [num_splits], |first - second|
+    observed = abs(score[np.asarray(after)].sum() - score[np.asarray(before)].sum()) / total / len(before)
     radius = float(np.quantile(statistic, confidence))
     of = f" of pass@{k}" if k > 1 else ""
     return {"value": 0.0, "ci_low": -radius, "ci_high": radius,
