@@ -121,7 +121,9 @@ class StudyArguments:
                         "held-out pass@1 minus the base piece's, paired over problems. Checks that an arm learnt "
                         "before its full piece is run."})  # fmt: skip
     keep_weights: bool = field(default=False, metadata={"help": "Keep each arm's trained weights in --output_dir "
-                               "(default: deleted once its piece is committed)."})  # fmt: skip
+                               "(default: deleted once its piece is committed). With --pilot, a committed pilot "
+                               "whose weights are not there is trained again (not evaluated, the pilot kept) and "
+                               "checked to repeat the pilot's log_history.json, for --from_pilot."})  # fmt: skip
     from_pilot: bool = field(default=False, metadata={"help": "Train nothing: make each arm's full piece from the "
                              "weights its pilot left in --output_dir (run the same command with --pilot "
                              "--keep_weights first), after checking, before anything runs, that they are that "

@@ -975,6 +975,47 @@ def test_from_pilot_checks_every_arm_before_the_first_piece(study, tmp_path, mon
     assert "holds no committed pilot of seed 1, tandem" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("repeats", [True, False])
+def test_a_committed_pilots_weights_are_trained_again_and_checked_against_it(study, tmp_path, monkeypatch, capsys,
+                                                                            no_model_loading, repeats):  # fmt: skip
+    """``--pilot --keep_weights`` on a committed pilot whose weights are gone trains the arm again into its weights
+    folder, without evaluating or touching the pilot, and checks the training against the pilot's log history
+    (timings aside): a repeat is restored and ``--from_pilot`` accepts it; another training is refused by step and
+    key."""
+    from_pilot, pilot, weights = _from_pilot_plan(study, tmp_path)
+    shutil.rmtree(weights)
+    argv = ["--seeds", "1", "--arms", "grpo", "--pilot", "--keep_weights", "--output_dir", str(tmp_path / "weights"),
+            "--results_dir", str(tmp_path / "r")]  # fmt: skip
+    plan = study.build_plan(*study.parse_args(argv))
+    assert f"committed; to train again for its weights -> {weights}, not evaluated" in study_plan.describe(plan)
+    before = {f.name: f.read_bytes() for f in pilot.iterdir()}
+
+    def train_again(function, config, *args):
+        if function is not study_pieces.train_arm:
+            raise AssertionError(f"restoring the weights ran {function.__name__}")
+        out = Path(config.output_dir)
+        out.mkdir(parents=True)
+        (out / "config.json").write_text("{}")
+        history = json.loads((pilot / "log_history.json").read_text())
+        history[0]["step_time"] = history[0].get("step_time", 0.0) + 1.0  # another machine's timing
+        if not repeats:
+            history[0]["loss"] += 1e-6
+        (out / "log_history.json").write_text(json.dumps(history))
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", train_again)
+    if repeats:
+        study_pieces.run_pieces(plan)
+        assert "the pilot's training, step for step (timings aside)" in capsys.readouterr().out
+        study_pieces.check_from_pilot(from_pilot)  # accepted: only the timing differs
+    else:
+        with pytest.raises(ValueError, match=r"did not repeat the pilot .*\(step 1: loss"):
+            study_pieces.run_pieces(plan)
+        with pytest.raises(ValueError, match="log_history.json differ, step 1: loss"):
+            study_pieces.check_from_pilot(from_pilot)
+    assert {f.name: f.read_bytes() for f in pilot.iterdir()} == before
+    assert "committed, will be skipped" in study_plan.describe(plan)  # the weights are there now
+
+
 def test_from_pilot_with_pilot_is_a_usage_error(study):
     with pytest.raises(ValueError, match="leave out --pilot"):
         study.parse_args(["--from_pilot", "--pilot"])

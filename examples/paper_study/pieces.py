@@ -26,6 +26,7 @@ from .plan import (
     SOLO_EVALUATION,
     Plan,
     check_same_evaluation,
+    holds_trained_model,
 )
 
 
@@ -203,7 +204,11 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     the weights; returns the folder, or None when it was already committed (skipped)."""
     final = plan.piece_dir(seed, arm)
     if (final / PIECE_FILE).is_file():
-        print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
+        weights = Path(plan.configs[(seed, arm)].output_dir) if arm != "base" else None
+        if plan.study.pilot and plan.study.keep_weights and weights and not holds_trained_model(weights):
+            restore_pilot_weights(plan, seed, arm)
+        else:
+            print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
         return None
     if plan.study.pilot and arm != "base" and not (plan.piece_dir(seed, "base") / PIECE_FILE).is_file():
         raise FileNotFoundError(f"--pilot compares with the base piece: run --arms base first "
@@ -240,14 +245,7 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
             pilot_weights(plan, seed, arm)
             print(f"[{_label(seed, arm)}] the weights its pilot trained: {weights}", flush=True)
         else:
-            if weights.exists():
-                shutil.rmtree(weights)
-            print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
-            started = time.perf_counter()
-            _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype,
-                              plan.train_dataset, plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior",
-                              plan.study.answer)  # fmt: skip
-            piece["wall_seconds"]["training"] = time.perf_counter() - started
+            piece["wall_seconds"]["training"] = _train(plan, seed, arm)
         _record_training(plan, seed, arm, piece, json.loads((weights / "log_history.json").read_text()))
         checkpoint = str(weights)
     print(f"[{_label(seed, arm)}] evaluating: {plan.evaluation.limit} problems x k={plan.evaluation.k} -> {final}",
@@ -266,6 +264,69 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     if weights is not None and not plan.study.keep_weights:
         shutil.rmtree(weights)
     return final
+
+
+def _train(plan: Plan, seed: int, arm: str) -> float:
+    """Train ``arm`` at ``seed`` into its weights folder (emptied first), in a fresh process; returns the seconds."""
+    config = plan.configs[(seed, arm)]
+    weights = Path(config.output_dir)
+    if weights.exists():
+        shutil.rmtree(weights)
+    print(f"[{_label(seed, arm)}] training {config.max_steps} steps -> {weights}", flush=True)
+    started = time.perf_counter()
+    _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
+                      plan.study.cpu_threads, plan.study.lora_r, arm == "live_junior", plan.study.answer)  # fmt: skip
+    return time.perf_counter() - started
+
+
+def restore_pilot_weights(plan: Plan, seed: int, arm: str) -> Path:
+    """``--pilot --keep_weights`` on a committed pilot whose weights are gone (another machine, or deleted): train
+    the arm again into its weights folder for ``--from_pilot``, and check that the training repeated the pilot's
+    (``_training_record``); the committed pilot is not touched and nothing is evaluated.
+
+    Returns:
+        The weights folder.
+
+    Raises:
+        ValueError: the training differs from the pilot's (the first step and key that differ); the weights are
+            left for inspection, and ``--from_pilot`` will refuse them.
+    """
+    weights = Path(plan.configs[(seed, arm)].output_dir)
+    pilot = plan.piece_dir(seed, arm, pilot=True)
+    print(f"[{_label(seed, arm)}] {pilot} is committed but its weights are not in {weights}: training them again "
+          "(not evaluated, the pilot is kept)", flush=True)  # fmt: skip
+    seconds = _train(plan, seed, arm)
+    history = json.loads((weights / "log_history.json").read_text())
+    difference = _first_difference(json.loads((pilot / "log_history.json").read_text()), history)
+    if difference:
+        raise ValueError(f"{weights}: this training did not repeat the pilot {pilot} ({difference}); --from_pilot "
+                         "will refuse these weights: make the full piece by training again (leave out "
+                         "--from_pilot).")  # fmt: skip
+    print(f"[{_label(seed, arm)}] restored in {seconds / 60:.1f} min: the pilot's training, step for step "
+          f"(timings aside) -> {weights}", flush=True)  # fmt: skip
+    return weights
+
+
+TIMING_KEYS = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
+"""``log_history.json`` keys that time a training rather than record it: left out when two trainings are compared."""
+
+
+def _training_record(history: list[dict]) -> list[dict]:
+    """A ``log_history.json`` without its timings (``TIMING_KEYS``): the loss, reward, gradient norm, lengths... of
+    every step, which only the same training on the same data repeats."""
+    return [{key: value for key, value in entry.items() if key not in TIMING_KEYS} for entry in history]
+
+
+def _first_difference(expected: list[dict], got: list[dict]) -> str | None:
+    """Where two log histories differ (timings aside): ``"step 3: loss 0.1 against 0.2"``, or None."""
+    expected, got = _training_record(expected), _training_record(got)
+    if len(expected) != len(got):
+        return f"{len(got)} logged entries against {len(expected)}"
+    for want, have in zip(expected, got, strict=True):
+        for key in sorted(set(want) | set(have)):
+            if want.get(key) != have.get(key):
+                return f"step {want.get('step')}: {key} {have.get(key)!r} against {want.get(key)!r}"
+    return None
 
 
 def solo_block(results: dict) -> dict:
@@ -320,9 +381,9 @@ def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
 
     The pilot (``<results_dir>/pilot/seed-<s>/<arm>``) must have this plan's arm config (``ARM_FIELDS``,
     ``SHARED_FIELDS``, ``lora_r``), its held-out file (sha256) and evaluation settings (``FROM_PILOT_EVALUATION``),
-    and the weights folder (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry: the
-    loss, reward and time of every step, which another training would not repeat. The training problems are not
-    recorded by a pilot: the log history stands for them.
+    and the weights folder (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry
+    (``_training_record``: timings aside). The training problems are not recorded by a pilot: the log history
+    stands for them.
 
     Raises:
         FileNotFoundError: no committed pilot, or no weights (naming the command that makes them).
@@ -332,11 +393,12 @@ def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
 
     weights = Path(plan.configs[(seed, arm)].output_dir)
     folder = plan.piece_dir(seed, arm, pilot=True)
-    make = (f"run this command with --pilot --keep_weights --arms {arm} (and without --from_pilot) first, or leave "
-            "out --from_pilot to train the arm again")  # fmt: skip
+    make = (f"run this command with --pilot --keep_weights --arms {arm} (and without --from_pilot) first: it trains "
+            "them again and checks that the training repeats the pilot's; or leave out --from_pilot to train the "
+            "arm again")  # fmt: skip
     if not (folder / PIECE_FILE).is_file():
         raise FileNotFoundError(f"--from_pilot: {folder} holds no committed pilot of seed {seed}, {arm}: {make}.")
-    if not (weights / "log_history.json").is_file() or not (weights / "config.json").is_file():
+    if not holds_trained_model(weights):
         raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
                                 f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
     pilot = json.loads((folder / PIECE_FILE).read_text())
@@ -359,9 +421,11 @@ def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
                               f"--from_pilot: the pilot {folder}", keys)  # fmt: skip
     except ValueError as err:
         raise ValueError(f"{err} Use the pilot's evaluation flags.") from None
-    if json.loads((weights / "log_history.json").read_text()) != json.loads((folder / "log_history.json").read_text()):
+    difference = _first_difference(json.loads((folder / "log_history.json").read_text()),
+                                   json.loads((weights / "log_history.json").read_text()))  # fmt: skip
+    if difference:
         raise ValueError(f"--from_pilot: {weights} is not the training of the committed pilot {folder} (their "
-                         f"log_history.json differ): {make}.")  # fmt: skip
+                         f"log_history.json differ, {difference}): {make}.")  # fmt: skip
     return pilot
 
 

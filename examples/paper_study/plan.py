@@ -236,6 +236,11 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     return out, t["measured"]
 
 
+def holds_trained_model(weights: str | Path) -> bool:
+    """Does a weights folder hold a trained model with its ``log_history.json`` (what ``--from_pilot`` reads)?"""
+    return (Path(weights) / "log_history.json").is_file() and (Path(weights) / "config.json").is_file()
+
+
 def describe(plan: Plan) -> str:
     """The plan as text: pieces, seeds, steps, the configs' key fields, folders, evaluation and estimated times."""
     study, shared, first = plan.study, plan.shared, plan.evaluation
@@ -259,6 +264,8 @@ def describe(plan: Plan) -> str:
         state = "committed, will be skipped" if (plan.piece_dir(seed, arm) / PIECE_FILE).is_file() else "to run"
         if state == "to run" and study.from_pilot:
             state = f"to evaluate from its pilot's weights {config.output_dir}"
+        elif state != "to run" and study.pilot and study.keep_weights and not holds_trained_model(config.output_dir):
+            state = f"committed; to train again for its weights -> {config.output_dir}, not evaluated"
         lines.append(
             f"  seed {seed} {arm:<13} junior_probability={config.junior_probability:g} "
             f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.piece_dir(seed, arm)} ({state}, "
