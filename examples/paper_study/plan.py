@@ -225,7 +225,7 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     scale = evaluation.k * evaluation.max_new_tokens / (t["eval_k"] * t["eval_tokens"])
     # The alternating protocol and the word rule, one schedule each, and the step grid, two each (senior/junior first).
     runs = {"alternating": 1, "word": 1, "steps": 2 * len(evaluation.step_grid)}
-    schedules = sum(runs[s] for s in evaluation.schedules)
+    schedules = 0 if study.pilot else sum(runs[s] for s in evaluation.schedules)  # a pilot samples solo only
     # TIMINGS' eval_base was measured for the whole-study evaluation, 4 models sampled alone; a piece samples one.
     per_piece = problems * (t["eval_base"] / 4 + schedules * t["eval_schedule"] / 3) * scale + t["overhead"]
     out = {"base": problems * t["eval_base"] / 4 * scale + t["overhead"]}  # no handoff schedules

@@ -100,12 +100,11 @@ COMMON_TRAINING = dict(
 # are guesses from the sizes, not measurements. Training steps scale with completions x tokens; the evaluation per
 # problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
 TIMINGS = {
-    # cpu-paper, partly measured here (2 cores): GRPO steps of 68-75 s (four steps, gradient checkpointing on); tandem
-    # and KL-to-junior scaled from GRPO by cpu-small's ratios. Evaluation: vLLM-CPU decoded 80 tokens/s at batch 16
-    # (400 completions of 103 tokens in 516 s; not faster at batch 400), so per problem 4 solo models x 8 samples
-    # (plus scoring) and, per schedule, 3 arms x 8 samples.
-    "cpu-paper": dict(measured=False, step={"grpo": 70.0, "tandem": 92.5, "kl_to_junior": 78.0}, completions=16,
-                      tokens=128, eval_base=46.0, eval_schedule=31.0, eval_k=8, eval_tokens=256, overhead=120.0),
+    # cpu-paper, measured on the fixed engine's pieces (results/map/fixed-head, AMD EPYC 2 cores, torch AVX512,
+    # 2026-12-06/07): 30 GRPO steps took 9.1-10.0 min, tandem 15.4-16.6 and KL-to-junior 15.8; a pilot's solo
+    # evaluation 1.7-2.7 min, a full piece's (solo, legibility, two schedules) 10.3-15.4 min, for 100 problems x 8.
+    "cpu-paper": dict(measured=True, step={"grpo": 19.0, "tandem": 32.0, "kl_to_junior": 31.0}, completions=16,
+                      tokens=128, eval_base=4.4, eval_schedule=10.0, eval_k=8, eval_tokens=256, overhead=30.0),
     # Median step times of the committed run (results/cpu-small); its evaluation took 10.6 min for 20 problems, split
     # between solo samples plus legibility and each handoff schedule in the proportion measured earlier (52.5 : 32.8).
     "cpu-small": dict(measured=True, step={"grpo": 20.8, "tandem": 27.5, "kl_to_junior": 23.2}, completions=16,
