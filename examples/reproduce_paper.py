@@ -5,6 +5,7 @@
     python examples/reproduce_paper.py --arms tandem kl_to_junior # the other arms, one piece each
     python examples/reproduce_paper.py --arms live_junior --pilot # a control: only the authorship mask differs
     python examples/reproduce_paper.py --arms grpo --from_pilot   # a full piece from a --pilot --keep_weights run
+    python examples/reproduce_paper.py --arms grpo --restore_weights # a pilot's weights again, where they are gone
     python examples/reproduce_paper.py --report                   # the comparison, from the committed pieces only
     python examples/reproduce_paper.py --map                      # where tandem keeps up, over every lever's pieces
     python examples/reproduce_paper.py --dry_run                  # the plan; nothing is trained
@@ -25,7 +26,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paper_study.pieces import check_from_pilot, run_pieces
+from paper_study.pieces import check_from_pilot, check_restores, restore_weights, run_pieces
 from paper_study.plan import ARMS, CONTROLS, build_plan, describe
 from paper_study.presets import COMMON_TRAINING, PRESET_STUDY, PRESET_TRAINING, PRESETS
 from paper_study.regime_map import build_map
@@ -121,9 +122,7 @@ class StudyArguments:
                         "held-out pass@1 minus the base piece's, paired over problems. Checks that an arm learnt "
                         "before its full piece is run."})  # fmt: skip
     keep_weights: bool = field(default=False, metadata={"help": "Keep each arm's trained weights in --output_dir "
-                               "(default: deleted once its piece is committed). With --pilot, a committed pilot "
-                               "whose weights are not there is trained again (not evaluated, the pilot kept) and "
-                               "checked to repeat the pilot's log_history.json, for --from_pilot."})  # fmt: skip
+                               "(default: deleted once its piece is committed)."})  # fmt: skip
     from_pilot: bool = field(default=False, metadata={"help": "Train nothing: make each arm's full piece from the "
                              "weights its pilot left in --output_dir (run the same command with --pilot "
                              "--keep_weights first), after checking, before anything runs, that they are that "
@@ -131,6 +130,14 @@ class StudyArguments:
                              "log_history.json). The weights are deleted once the piece is committed, unless "
                              "--keep_weights; piece.json's solo_repeats_pilot says whether the solo samples came out "
                              "as the pilot's."})  # fmt: skip
+    restore_weights: bool = field(default=False, metadata={"help": "Train nothing new: train again, into "
+                                  "--output_dir, each committed pilot of --arms and --seeds whose weights are not "
+                                  "there (deleted, or left on another machine), for --from_pilot; nothing is "
+                                  "evaluated and the pilots are kept. Before any training, each pilot is checked to "
+                                  "be this command's (config, held-out problems, evaluation settings) and to have "
+                                  "trained on this CPU with these package versions; after it, the new "
+                                  "log_history.json must repeat the pilot's step for step (timings aside), else the "
+                                  "weights are moved to <weights>.refused."})  # fmt: skip
     lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
                                "junior is then the base with the adapter off). Default: the preset's."})  # fmt: skip
     cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
@@ -174,6 +181,9 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
                          "base and the arms); add --pilot.")  # fmt: skip
     if study.from_pilot and study.pilot:
         raise ValueError("--from_pilot makes full pieces from a pilot's kept weights: leave out --pilot.")
+    if study.restore_weights and (study.from_pilot or study.pilot):
+        raise ValueError("--restore_weights trains committed pilots' weights again and runs no piece: leave out "
+                         "--from_pilot and --pilot (run --from_pilot next).")  # fmt: skip
     if "live_junior" in study.arms and not training.use_vllm:
         raise ValueError("--arms live_junior reloads the junior inside the colocated vLLM engine: it needs "
                          "--use_vllm true (the cpu-paper preset's).")  # fmt: skip
@@ -241,7 +251,12 @@ def main(argv: list[str] | None = None) -> None:
         print(describe(plan), flush=True)
         if study.from_pilot:
             check_from_pilot(plan)
+        todo = check_restores(plan) if study.restore_weights else []
         if study.dry_run:
+            return
+        if study.restore_weights:
+            restore_weights(plan)
+            print(f"Restored {len(todo)} pilot(s)' weights; now run this command with --from_pilot.", flush=True)
             return
         from tandem_grpo.models import resolve_model_path
 

@@ -222,6 +222,23 @@ def test_the_permutation_null_is_sized_for_two_models_and_rejects_at_its_level(k
     assert 0.02 <= rejected / trials <= 0.09
 
 
+def test_the_permutation_null_repeats_a_committed_one_bit_for_bit():
+    """A null committed before ``k`` existed (cpu-paper seed 1, tandem against the base) comes out the same to the
+    last bit: the integer scores of k 1 keep the accuracy null's arithmetic (float pass@k scores move its 95% range
+    from 0.0325 to 0.032)."""
+    import json
+    from pathlib import Path
+
+    from tandem_grpo.evaluation.solo import permutation_null
+
+    folder = Path(__file__).resolve().parents[1] / "results" / "cpu-paper"
+    read = lambda *parts: json.loads(folder.joinpath(*parts).read_text())  # noqa: E731
+    base = read("base", "results.json")["junior"]["solo"]["correct_per_problem"]
+    (entry,) = read("seed-1", "tandem", "results.json")["checkpoints"].values()
+    committed = read("report", "results.json")["comparison"]["learnt"]["1"]["tandem"]["null"]
+    assert permutation_null(base, entry["solo"]["correct_per_problem"], 8) == committed
+
+
 def test_the_permutation_null_of_pass_at_k_reads_the_paired_pass_at_k_difference():
     """The observed statistic is the mean over problems of pass@k(after) - pass@k(before), the unbiased estimator's:
     a split whose halves hold exactly the two models' counts is as far from 0 as the observation (p 1 when the
@@ -241,6 +258,8 @@ def test_the_permutation_null_of_pass_at_k_reads_the_paired_pass_at_k_difference
     null = permutation_null([0] * 50, [1] * 50, 4, k=4)
     assert null["p_value"] == 0.0 and null["ci_high"] == pytest.approx(2 / 50**0.5, abs=0.03)
     assert permutation_null([0, 4], [4, 0], 4, k=4)["p_value"] == 1.0  # same coverage on the whole: observed 0
+    assert permutation_null([1] * 30, [4] * 30, 4, k=4)["p_value"] == 1.0  # pass@4 is 1 for both: no difference
+    assert permutation_null([1] * 30, [4] * 30, 4)["p_value"] == 0.0  # their accuracy differs
     with pytest.raises(ValueError, match="pass@5 needs 1 <= k <= num_samples=4"):
         permutation_null([1], [2], 4, k=5)
 

@@ -975,50 +975,117 @@ def test_from_pilot_checks_every_arm_before_the_first_piece(study, tmp_path, mon
     assert "holds no committed pilot of seed 1, tandem" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("repeats", [True, False])
-def test_a_committed_pilots_weights_are_trained_again_and_checked_against_it(study, tmp_path, monkeypatch, capsys,
-                                                                            no_model_loading, repeats):  # fmt: skip
-    """``--pilot --keep_weights`` on a committed pilot whose weights are gone trains the arm again into its weights
-    folder, without evaluating or touching the pilot, and checks the training against the pilot's log history
-    (timings aside): a repeat is restored and ``--from_pilot`` accepts it; another training is refused by step and
-    key."""
+def _restore_plan(study, tmp_path, *argv):
+    """``_from_pilot_plan`` with its weights gone, and the plan of the same command with ``--restore_weights``."""
     from_pilot, pilot, weights = _from_pilot_plan(study, tmp_path)
     shutil.rmtree(weights)
-    argv = ["--seeds", "1", "--arms", "grpo", "--pilot", "--keep_weights", "--output_dir", str(tmp_path / "weights"),
-            "--results_dir", str(tmp_path / "r")]  # fmt: skip
-    plan = study.build_plan(*study.parse_args(argv))
-    assert f"committed; to train again for its weights -> {weights}, not evaluated" in study_plan.describe(plan)
-    before = {f.name: f.read_bytes() for f in pilot.iterdir()}
+    argv = ["--seeds", "1", "--arms", "grpo", "--restore_weights", "--output_dir", str(tmp_path / "weights"),
+            "--results_dir", str(tmp_path / "r"), *argv]  # fmt: skip
+    record = json.loads((pilot / "piece.json").read_text())
+    record |= {"cpu": study_pieces.cpu_name(), "versions": study_pieces.versions()}  # trained on this machine
+    (pilot / "piece.json").write_text(json.dumps(record))
+    return study.build_plan(*study.parse_args(argv)), from_pilot, pilot, weights
 
-    def train_again(function, config, *args):
+
+def _train_again(pilot: Path, change=None):
+    """A stand-in for training in a fresh process: the weights folder with the pilot's log history, another
+    machine's timing in it, and ``change`` applied."""
+
+    def train(function, config, *args):
         if function is not study_pieces.train_arm:
             raise AssertionError(f"restoring the weights ran {function.__name__}")
         out = Path(config.output_dir)
         out.mkdir(parents=True)
         (out / "config.json").write_text("{}")
+        (out / "training_curves.png").write_bytes(b"another png")
         history = json.loads((pilot / "log_history.json").read_text())
-        history[0]["step_time"] = history[0].get("step_time", 0.0) + 1.0  # another machine's timing
-        if not repeats:
-            history[0]["loss"] += 1e-6
+        history[0]["step_time"] = history[0].get("step_time", 0.0) + 1.0
+        if change:
+            change(history)
         (out / "log_history.json").write_text(json.dumps(history))
 
-    monkeypatch.setattr(study_pieces, "_in_fresh_process", train_again)
-    if repeats:
-        study_pieces.run_pieces(plan)
-        assert "the pilot's training, step for step (timings aside)" in capsys.readouterr().out
-        study_pieces.check_from_pilot(from_pilot)  # accepted: only the timing differs
-    else:
-        with pytest.raises(ValueError, match=r"did not repeat the pilot .*\(step 1: loss"):
-            study_pieces.run_pieces(plan)
-        with pytest.raises(ValueError, match="log_history.json differ, step 1: loss"):
-            study_pieces.check_from_pilot(from_pilot)
+    return train
+
+
+def test_restored_weights_repeat_the_pilots_training_and_make_its_full_piece(study, tmp_path, monkeypatch, capsys,
+                                                                            no_model_loading):  # fmt: skip
+    """``--restore_weights`` trains a committed pilot's arm again into its weights folder (nothing evaluated, the
+    pilot untouched), accepts a training whose log history repeats the pilot's timings aside, and ``--from_pilot``
+    then makes the full piece, recording the restore and keeping the pilot's own log history and training time."""
+    plan, from_pilot, pilot, weights = _restore_plan(study, tmp_path)
+    assert f"to train again as its pilot {pilot} did -> {weights}, not evaluated" in study_plan.describe(plan)
+    before = {f.name: f.read_bytes() for f in pilot.iterdir()}
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", _train_again(pilot))
+    study_pieces.restore_weights(plan)
+    assert "the pilot's training, step for step (timings aside)" in capsys.readouterr().out
     assert {f.name: f.read_bytes() for f in pilot.iterdir()} == before
-    assert "committed, will be skipped" in study_plan.describe(plan)  # the weights are there now
+    restored = json.loads((weights / "restored.json").read_text())
+    assert restored["pilot"] == str(pilot) and restored["cpu"] == study_pieces.cpu_name()
+    assert f"its weights are in {weights}, skipped" in study_plan.describe(plan)
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", lambda *a: pytest.fail("trained twice"))
+    study_pieces.restore_weights(plan)  # the weights are there: nothing to do
+
+    def evaluate_only(function, config):
+        shutil.copytree(FIXTURE / "seed-1" / "grpo", config.output_dir, ignore=shutil.ignore_patterns("piece.json"))
+
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", evaluate_only)
+    monkeypatch.setattr(study_pieces, "_vocab_size", lambda path: 49152)
+    study_pieces.run_pieces(from_pilot)
+    piece = json.loads((from_pilot.piece_dir(1, "grpo") / "piece.json").read_text())
+    assert piece["weights_restored"] == restored and piece["trained_by_pilot"] == str(pilot)
+    assert (from_pilot.piece_dir(1, "grpo") / "log_history.json").read_bytes() == before["log_history.json"]
+
+
+@pytest.mark.parametrize("spoil, error", [
+    ("cpu", "trained elsewhere \\(cpu Some Other CPU there"),
+    ("torch", "torch 0.0 there"),
+    ("config", "learning_rate"),
+    ("pilot", "holds no committed pilot"),
+])  # fmt: skip
+def test_restore_weights_refuses_a_pilot_it_cannot_repeat_before_training(study, tmp_path, monkeypatch,
+                                                                         no_model_loading, spoil, error):  # fmt: skip
+    """A pilot trained on another CPU or with other package versions (whose training would not repeat to the last
+    bit), trained otherwise, or not committed: one clear error before any training."""
+    plan, _, pilot, _ = _restore_plan(study, tmp_path)
+    if spoil == "cpu":
+        _spoil_json(pilot / "piece.json", lambda r: r.update(cpu="Some Other CPU"))
+    elif spoil == "torch":
+        _spoil_json(pilot / "piece.json", lambda r: r["versions"].update(torch="0.0"))
+    elif spoil == "config":
+        _spoil_json(pilot / "piece.json", lambda r: r["config"].update(learning_rate=2 * r["config"]["learning_rate"]))
+    else:
+        shutil.rmtree(pilot)
+    monkeypatch.setattr(study_pieces, "_in_fresh_process", lambda *a: pytest.fail("trained before checking"))
+    with pytest.raises((ValueError, FileNotFoundError), match=error):
+        study_pieces.restore_weights(plan)
+
+
+def test_a_restore_that_does_not_repeat_the_pilot_is_moved_aside(study, tmp_path, monkeypatch, no_model_loading):
+    """Another training (one logged loss differs) is refused by step and key, its weights moved to
+    ``<weights>.refused`` so that a rerun starts again and ``--from_pilot`` finds none."""
+    plan, from_pilot, pilot, weights = _restore_plan(study, tmp_path)
+    monkeypatch.setattr(study_pieces, "_in_fresh_process",
+                        _train_again(pilot, lambda h: h[0].update(loss=h[0]["loss"] + 1e-6)))  # fmt: skip
+    with pytest.raises(ValueError, match=r"did not repeat the pilot .*\(step 1: loss .*grpo\.refused for inspection"):
+        study_pieces.restore_weights(plan)
+    assert not weights.exists() and (weights.parent / "grpo.refused" / "log_history.json").is_file()
+    with pytest.raises(FileNotFoundError, match="with --restore_weights in place of --from_pilot"):
+        study_pieces.check_from_pilot(from_pilot)
+
+
+def test_log_histories_compare_nan_and_leave_timings_aside():
+    same = [{"step": 1, "loss": float("nan"), "step_time": 3.0}, {"train_runtime": 9.0, "train_loss": 0.1}]
+    other = [{"step": 1, "loss": float("nan"), "step_time": 4.0}, {"train_runtime": 7.0, "train_loss": 0.1}]
+    assert study_pieces._first_difference(same, other) is None
+    other[1]["train_loss"] = 0.2
+    assert study_pieces._first_difference(same, other) == "step None: train_loss 0.2 against 0.1"
 
 
 def test_from_pilot_with_pilot_is_a_usage_error(study):
     with pytest.raises(ValueError, match="leave out --pilot"):
         study.parse_args(["--from_pilot", "--pilot"])
+    with pytest.raises(ValueError, match="leave out --from_pilot and --pilot"):
+        study.parse_args(["--restore_weights", "--pilot"])
 
 
 def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_path):

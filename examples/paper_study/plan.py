@@ -219,8 +219,7 @@ def build_plan(study: Any, shared: TandemGRPOConfig) -> Plan:
 def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     """Estimated seconds of each piece (``base`` and each arm) and whether the numbers were measured (``TIMINGS``)."""
     t = TIMINGS[plan.study.preset]
-    shared, study, evaluation = plan.shared, plan.study, plan.evaluation
-    size = shared.per_device_train_batch_size * shared.gradient_accumulation_steps * shared.max_completion_length
+    study, evaluation = plan.study, plan.evaluation
     problems = study.eval_limit or 0
     scale = evaluation.k * evaluation.max_new_tokens / (t["eval_k"] * t["eval_tokens"])
     # The alternating protocol and the word rule, one schedule each, and the step grid, two each (senior/junior first).
@@ -230,10 +229,17 @@ def estimate_seconds(plan: Plan) -> tuple[dict[str, float], bool]:
     per_piece = problems * (t["eval_base"] / 4 + schedules * t["eval_schedule"] / 3) * scale + t["overhead"]
     out = {"base": problems * t["eval_base"] / 4 * scale + t["overhead"]}  # no handoff schedules
     for arm in ARMS + CONTROLS:
-        step = t["step"][arm if arm in ARMS else "tandem"]  # a control's step is a tandem step
-        training = 0.0 if study.from_pilot else step * shared.max_steps * size
-        out[arm] = per_piece + training / (t["completions"] * t["tokens"])
+        out[arm] = per_piece + (0.0 if study.from_pilot else training_seconds(plan, arm))
     return out, t["measured"]
+
+
+def training_seconds(plan: Plan, arm: str) -> float:
+    """Estimated seconds of training one arm (``TIMINGS``' step time, scaled by completions x tokens a step)."""
+    t = TIMINGS[plan.study.preset]
+    shared = plan.shared
+    size = shared.per_device_train_batch_size * shared.gradient_accumulation_steps * shared.max_completion_length
+    step = t["step"][arm if arm in ARMS else "tandem"]  # a control's step is a tandem step
+    return step * shared.max_steps * size / (t["completions"] * t["tokens"])
 
 
 def holds_trained_model(weights: str | Path) -> bool:
@@ -264,12 +270,17 @@ def describe(plan: Plan) -> str:
         state = "committed, will be skipped" if (plan.piece_dir(seed, arm) / PIECE_FILE).is_file() else "to run"
         if state == "to run" and study.from_pilot:
             state = f"to evaluate from its pilot's weights {config.output_dir}"
-        elif state != "to run" and study.pilot and study.keep_weights and not holds_trained_model(config.output_dir):
-            state = f"committed; to train again for its weights -> {config.output_dir}, not evaluated"
+        seconds_here = seconds[arm]
+        if study.restore_weights:
+            pilot = plan.piece_dir(seed, arm, pilot=True)
+            state = f"to train again as its pilot {pilot} did -> {config.output_dir}, not evaluated"
+            if holds_trained_model(config.output_dir):
+                state = f"its weights are in {config.output_dir}, skipped"
+            seconds_here = training_seconds(plan, arm)
         lines.append(
             f"  seed {seed} {arm:<13} junior_probability={config.junior_probability:g} "
             f"kl_to_junior={config.kl_to_junior} beta={config.beta:g} -> {plan.piece_dir(seed, arm)} ({state}, "
-            f"~{_duration(seconds[arm])})"
+            f"~{_duration(seconds_here)})"
         )
     lines += [
         f"Evaluation of each piece: {first.limit} problems of {plan.eval_source} ({first.split}), k={first.k}, "

@@ -101,8 +101,10 @@ COMMON_TRAINING = dict(
 # problem with k x tokens: ``eval_base`` (solo samples, legibility) plus ``eval_schedule`` per handoff schedule.
 TIMINGS = {
     # cpu-paper, measured on the fixed engine's pieces (results/map/fixed-head, AMD EPYC 2 cores, torch AVX512,
-    # 2026-12-06/07): 30 GRPO steps took 9.1-10.0 min, tandem 15.4-16.6 and KL-to-junior 15.8; a pilot's solo
-    # evaluation 1.7-2.7 min, a full piece's (solo, legibility, two schedules) 10.3-15.4 min, for 100 problems x 8.
+    # 2026-12-06/07): 30 GRPO steps took 9.1-10.0 min alone, tandem 15.4-16.6 and KL-to-junior 15.8 (26.4 beside
+    # unit tests); a pilot's solo evaluation 1.7-2.7 min (eval_base: four such), a full piece's (solo, legibility, two
+    # schedules) 10.3-15.4 min, for 100 problems x 8. The base piece's legibility is not in eval_base: its estimate
+    # is low.
     "cpu-paper": dict(measured=True, step={"grpo": 19.0, "tandem": 32.0, "kl_to_junior": 31.0}, completions=16,
                       tokens=128, eval_base=4.4, eval_schedule=10.0, eval_k=8, eval_tokens=256, overhead=30.0),
     # Median step times of the committed run (results/cpu-small); its evaluation took 10.6 min for 20 problems, split

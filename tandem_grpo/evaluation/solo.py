@@ -213,10 +213,11 @@ def permutation_null(
             raise ValueError(f"{name}: problem {bad[0]} has {counts[bad[0]]} correct of {num_samples} samples.")
     if not 1 <= k <= num_samples:
         raise ValueError(f"pass@{k} needs 1 <= k <= num_samples={num_samples}.")
-    # pass@k of c correct is score[c] / C(n, k) (Chen et al.'s estimator, as in stats.pass_at_k): sums stay exact
-    # integers while they fit, so the figures do not depend on the order of the rounding (k 1: counts over n).
+    # pass@k of c correct is score[c] / C(n, k) (Chen et al.'s estimator, as in stats.pass_at_k). Integer scores keep
+    # every sum exact (numpy's mean adds them in float64: exact below 2**53), so the figures do not depend on the
+    # order of the rounding; k 1 gives counts over n, the accuracy null's arithmetic.
     total = math.comb(num_samples, k)
-    exact = total * len(before) < 2**62
+    exact = total * len(before) < 2**53
     score = np.array([total - math.comb(num_samples - c, k) for c in range(num_samples + 1)],
                      dtype=np.int64 if exact else np.float64)  # fmt: skip
     pooled = np.array([b + a for b, a in zip(before, after, strict=True)])
