@@ -329,8 +329,7 @@ def restore_weights(plan: Plan) -> None:
         pilot = plan.piece_dir(seed, arm, pilot=True)
         print(f"[{_label(seed, arm)}] training the weights of {pilot} again (not evaluated)", flush=True)
         seconds = _train(plan, seed, arm)
-        history = json.loads((weights / "log_history.json").read_text())
-        difference = _first_difference(json.loads((pilot / "log_history.json").read_text()), history)
+        difference = _history_difference(pilot, weights)
         if difference:
             refused = weights.with_name(weights.name + ".refused")
             if refused.exists():
@@ -354,6 +353,12 @@ def _training_record(history: list[dict]) -> list[dict]:
     """A ``log_history.json`` without its timings (``TIMING_KEYS``): the loss, reward, gradient norm, lengths... of
     every step, which only the same training on the same data repeats."""
     return [{key: value for key, value in entry.items() if key not in TIMING_KEYS} for entry in history]
+
+
+def _history_difference(pilot: Path, weights: Path) -> str | None:
+    """Where the ``log_history.json`` of a weights folder differs from its pilot's (``_first_difference``), or None."""
+    read = lambda folder: json.loads((folder / "log_history.json").read_text())  # noqa: E731
+    return _first_difference(read(pilot), read(weights))
 
 
 def _first_difference(expected: list[dict], got: list[dict]) -> str | None:
@@ -473,8 +478,7 @@ def pilot_weights(plan: Plan, seed: int, arm: str) -> dict:
     if not holds_trained_model(weights):
         raise FileNotFoundError(f"--from_pilot: {weights} holds no trained model with its log_history.json (the "
                                 f"pilot's weights are deleted unless --keep_weights): {make}.")  # fmt: skip
-    difference = _first_difference(json.loads((folder / "log_history.json").read_text()),
-                                   json.loads((weights / "log_history.json").read_text()))  # fmt: skip
+    difference = _history_difference(folder, weights)
     if difference:
         raise ValueError(f"--from_pilot: {weights} is not the training of the committed pilot {folder} (their "
                          f"log_history.json differ, {difference}): {make}.")  # fmt: skip
