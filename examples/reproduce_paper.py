@@ -26,7 +26,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from paper_study.pieces import check_from_pilot, check_restores, restore_weights, run_pieces
+from paper_study.curves import CURVE_ARMS, describe_curves, run_curves, write_curves
+from paper_study.pieces import check_from_pilot, check_restores, restore_weights, run_pieces, write_held_out
 from paper_study.plan import ARMS, CONTROLS, build_plan, describe
 from paper_study.presets import COMMON_TRAINING, PRESET_STUDY, PRESET_TRAINING, PRESETS
 from paper_study.regime_map import build_map
@@ -138,6 +139,17 @@ class StudyArguments:
                                   "trained on this CPU with these package versions; after it, the new "
                                   "log_history.json must repeat the pilot's step for step (timings aside), else the "
                                   "weights are moved to <weights>.refused."})  # fmt: skip
+    curve_steps: list[int] | None = field(default=None, metadata={"help": "Learning curves: train each arm of "
+                                          "--arms (grpo, tandem) once to the last of these steps (one learning-rate "
+                                          "schedule over all of them: --max_steps is set to it) and sample its "
+                                          "senior alone at each, e.g. 30 60 90. Each point is committed to "
+                                          "<results_dir>/curves/seed-<s>/<arm>/step-<n>; training resumes from the "
+                                          "last saved checkpoint. The held-out problems are a study of the first "
+                                          "step's, so its committed base piece serves."})  # fmt: skip
+    curve_points: list[int] | None = field(default=None, metadata={"help": "With --curve_steps: make only these "
+                                           "of its points (e.g. 30 90 for the support evaluation at --eval_k 32 in "
+                                           "another --results_dir, from the checkpoints the curve saved). Default: "
+                                           "every curve step."})  # fmt: skip
     lora_r: int | None = field(default=None, metadata={"help": "LoRA rank of the senior (0: full fine-tuning; the "
                                "junior is then the base with the adapter off). Default: the preset's."})  # fmt: skip
     cpu_threads: int | None = field(default=None, metadata={"help": "Torch threads on a machine without a GPU "
@@ -161,8 +173,42 @@ def parse_args(argv: list[str] | None = None) -> tuple[StudyArguments, TandemGRP
     parser = ScriptParser((StudyArguments, TandemGRPOConfig), prog=PROG)
     parser.set_defaults(**COMMON_TRAINING, **PRESET_TRAINING[preset], **PRESET_STUDY[preset])
     study, training = parser.parse_args_and_config(argv)
+    if study.curve_points and not study.curve_steps:
+        raise ValueError("--curve_points chooses among --curve_steps: give --curve_steps too.")
+    if study.curve_steps:
+        if study.arms == StudyArguments().arms:  # not given: the curve arms
+            study.arms = list(CURVE_ARMS)
+        check_curve_steps(study, training)
+        training.max_steps = study.curve_steps[-1]
     check_study(study, training)
     return study, training
+
+
+def check_curve_steps(study: StudyArguments, training: TandemGRPOConfig) -> None:
+    """``--curve_steps``: increasing positive steps, the curve arms only, no pilot or report flags.
+
+    Raises:
+        ValueError: naming the flag, the value and what would work.
+    """
+    steps = study.curve_steps
+    if any(s < 1 for s in steps) or sorted(set(steps)) != list(steps):
+        raise ValueError(f"--curve_steps {' '.join(map(str, steps))}: give increasing steps >= 1, e.g. 30 60 90.")
+    if study.curve_points and not set(study.curve_points) <= set(steps):
+        raise ValueError(f"--curve_points {' '.join(map(str, study.curve_points))}: choose among --curve_steps "
+                         f"{' '.join(map(str, steps))}.")  # fmt: skip
+    others = [arm for arm in study.arms if arm not in CURVE_ARMS]
+    if others:
+        raise ValueError(f"--curve_steps --arms {' '.join(study.arms)}: curves are drawn for "
+                         f"{' and '.join(CURVE_ARMS)} (the base piece must be committed already): leave out "
+                         f"{' '.join(others)}.")  # fmt: skip
+    for flag, value in (("--pilot", study.pilot), ("--from_pilot", study.from_pilot),
+                        ("--restore_weights", study.restore_weights), ("--keep_weights", study.keep_weights)):
+        if value:
+            raise ValueError(f"--curve_steps with {flag}: a curve's points are sampled alone (as pilots) and its "
+                             "checkpoints are kept until deleted by hand; leave out " + flag + ".")
+    if training.max_steps not in (PRESET_TRAINING[study.preset]["max_steps"], steps[-1]):
+        raise ValueError(f"--curve_steps {' '.join(map(str, steps))} with --max_steps {training.max_steps}: the "
+                         "curve trains to its last step; leave out --max_steps.")  # fmt: skip
 
 
 def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
@@ -248,7 +294,7 @@ def main(argv: list[str] | None = None) -> None:
                          shared.junior_probability)  # fmt: skip
             return
         plan = build_plan(study, shared)
-        print(describe(plan), flush=True)
+        print(describe_curves(plan) if study.curve_steps else describe(plan), flush=True)
         if study.from_pilot:
             check_from_pilot(plan)
         todo = check_restores(plan) if study.restore_weights else []
@@ -270,6 +316,11 @@ def main(argv: list[str] | None = None) -> None:
         if importlib.util.find_spec("vllm") is None and study.eval_backend == "vllm":
             raise ValueError(f"--eval_backend vllm: vLLM is not installed; {install}, or pass --eval_backend "
                              "transformers.")  # fmt: skip
+    if study.curve_steps:
+        write_held_out(plan)
+        run_curves(plan)
+        write_curves(plan.results_dir)
+        return
     run_pieces(plan)
     base, seeds = committed_pieces(plan.results_dir, shared.junior_probability)
     if base is not None and seeds:

@@ -466,6 +466,22 @@ def test_builtin_split_trains_on_the_same_problems_and_holds_out_others(task):
         data.builtin_split(task, 10, -1)
 
 
+def test_builtin_split_held_out_after_keeps_a_shorter_studys_held_out_problems():
+    """A 90-step study (180 problems) evaluated on the 30-step study's held-out problems (60 problems): the same
+    held-out rows, the same first 60 training rows, and no held-out problem among the 120 added ones."""
+    short_train, short_held = data.builtin_split("chain2", 60, 100, seed=0)
+    train, held = data.builtin_split("chain2", 180, 100, seed=0, held_out_after=60)
+    assert held.to_list() == short_held.to_list()
+    assert len(train) == 180 and train.select(range(60)).to_list() == short_train.to_list()
+    assert not {_question(row) for row in train} & {_question(row) for row in held}
+    # Without held_out_after the 180 problems would have trained on some of those held-out ones.
+    assert {_question(row) for row in data.builtin_split("chain2", 180, 100, seed=0)[0]} & {
+        _question(row) for row in held
+    }
+    with pytest.raises(ValueError, match="held_out_after=0"):
+        data.builtin_split("chain2", 10, 10, held_out_after=0)
+
+
 def test_arithmetic_rejects_non_positive_size():
     with pytest.raises(ValueError, match="num_problems"):
         arithmetic_word_problems(0)

@@ -449,6 +449,12 @@ def test_dry_run_cpu_paper(study, tmp_path, capsys, no_model_loading):
         (["--arms", "ppo"], "invalid choice: 'ppo'"),
         (["--lora_r", "-1"], "--lora_r -1"),
         (["--no_such_flag", "1"], "unrecognized arguments: --no_such_flag 1"),
+        (["--curve_steps", "60", "30"], "--curve_steps 60 30: give increasing steps"),
+        (["--curve_steps", "30", "--arms", "kl_to_junior"], "curves are drawn for grpo and tandem"),
+        (["--curve_steps", "30", "60", "--pilot"], "--curve_steps with --pilot"),
+        (["--curve_steps", "30", "60", "--curve_points", "45"], "--curve_points 45: choose among"),
+        (["--curve_points", "30"], "give --curve_steps too"),
+        (["--curve_steps", "30", "90", "--max_steps", "60"], "leave out --max_steps"),
     ],
 )
 def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_loading):
@@ -1122,3 +1128,41 @@ def test_the_report_at_another_junior_probability_reads_that_tandem_piece(tmp_pa
     )
     with pytest.raises(ValueError, match="'handoff'"):  # arms evaluated under other rules are not compared
         study_report.build_report(copy, junior_probability=0.1)
+
+
+def test_tiny_learning_curve_in_segments_resumes_and_reads_support(tiny_base, tmp_path):
+    """--curve_steps 1 2: the first sitting makes only the step-1 point (--curve_points 1), keeping checkpoint-1; the
+    second skips it, resumes from that checkpoint, trains step 2 alone and commits its point, whose log history
+    continues step 1's. Sampled 16 times a problem, each point is also read for support against the base."""
+    from paper_study import curves
+
+    out, results_dir = tmp_path / "weights", tmp_path / "results"
+    command = [sys.executable, str(SCRIPT), "--model_name_or_path", tiny_base, "--output_dir", str(out),
+               "--results_dir", str(results_dir), "--per_device_train_batch_size", "4", "--num_generations", "2",
+               "--max_completion_length", "8", "--eval_limit", "3", "--eval_k", "16", "--eval_batch_size", "24",
+               "--cpu_threads", "1", "--disable_tqdm", "true", "--use_vllm", "false", "--eval_backend",
+               "transformers", "--eval_max_new_tokens", "8", "--eval_schedules", "alternating"]  # fmt: skip
+    run = lambda *argv: subprocess.run([*command, *argv], cwd=tmp_path, env=child_env(), capture_output=True,  # noqa: E731
+                                       text=True, timeout=600)  # fmt: skip
+    base = run("--arms", "base", "--max_steps", "1")
+    assert base.returncode == 0, base.stderr[-4000:]
+    first = run("--curve_steps", "1", "2", "--curve_points", "1", "--arms", "grpo")
+    assert first.returncode == 0, first.stderr[-4000:]
+    weights = out / "curves" / "seed-1" / "grpo"
+    assert (weights / "checkpoint-1" / "trainer_state.json").is_file() and not (weights / "checkpoint-2").exists()
+    step1 = results_dir / "curves" / "seed-1" / "grpo" / "step-1"
+    assert json.loads((step1 / "piece.json").read_text())["trained_steps"] == [1, 1]
+    second = run("--curve_steps", "1", "2", "--arms", "grpo")
+    assert second.returncode == 0, second.stderr[-4000:]
+    assert "step 1] " in second.stdout and "exists, skipped" in second.stdout
+    assert "training steps 2-2 of 2" in second.stdout, second.stdout
+    point = json.loads((results_dir / "curves" / "seed-1" / "grpo" / "step-2" / "piece.json").read_text())
+    assert point["resumed_from"] == "checkpoint-1" and point["training"]["logged_steps"] == 2
+    history = json.loads((results_dir / "curves" / "seed-1" / "grpo" / "step-2" / "log_history.json").read_text())
+    assert history[0] == json.loads((step1 / "log_history.json").read_text())[0]
+    summary = json.loads((results_dir / "curves" / "curves.json").read_text())
+    assert [(p["arm"], p["step"]) for p in summary["points"]] == [("grpo", 1), ("grpo", 2)]
+    assert [row["step"] for row in summary["support"]] == [1, 2] and summary["support"][0]["num_samples"] == 16
+    for name in ("curves.md", "curves.png", "support.png"):
+        assert (results_dir / "curves" / name).is_file(), name
+    assert curves.committed_points(results_dir)[1]["piece"]["learnt"]["null"]["ci_high"] >= 0

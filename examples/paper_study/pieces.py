@@ -39,11 +39,18 @@ def train_arm(
     lora_r: int,
     live_junior: bool = False,
     answer: str = "final",
+    save_at: tuple[int, ...] = (),
+    resume_from: str | None = None,
 ) -> None:
     """Train one arm in this process and save a full model (a LoRA senior merged into its base), its
     ``log_history.json`` and ``training_curves.png``. ``live_junior``: the live-junior control
     (``plan.CONTROLS``, :func:`keep_junior_live`); ``answer``: ``"stated"`` rewards with
-    ``stated_accuracy_reward`` (``--answer``)."""
+    ``stated_accuracy_reward`` (``--answer``).
+
+    A segment of a learning curve (``paper_study.curves``) passes ``save_at``, the curve steps: the trainer saves a
+    complete ``checkpoint-<step>`` (weights, optimizer, scheduler, RNG states) at each and stops at the first one
+    after ``resume_from`` (a checkpoint of the same training, or None to start), and nothing else is saved: the
+    checkpoint is the segment's product, and the learning-rate schedule stays the whole ``max_steps``'."""
     import torch
 
     from tandem_grpo import TandemGRPOTrainer
@@ -65,6 +72,12 @@ def train_arm(
                                     train_dataset=dataset, peft_config=peft_config)  # fmt: skip
     if live_junior:
         keep_junior_live(trainer)
+    if save_at:
+        from .curves import SaveAndStopAt
+
+        trainer.add_callback(SaveAndStopAt(save_at))
+        trainer.train(resume_from_checkpoint=resume_from)
+        return
     trainer.train()
     out = Path(config.output_dir)
     if lora_r:  # the evaluation loads full models: merge the adapter into a copy of the base
@@ -595,6 +608,21 @@ def run_pieces(plan: Plan) -> None:
     """Every piece of ``--arms`` (the base once, then each trained arm per seed), skipping committed ones."""
     from tandem_grpo.evaluation.report import write_results_json  # noqa: F401 - fail early if matplotlib is missing
 
+    write_held_out(plan)
+    pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
+    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS + CONTROLS if arm in plan.study.arms]
+    for number, (seed, arm) in enumerate(pieces, 1):
+        print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
+        run_piece(plan, seed, arm)
+
+
+def write_held_out(plan: Plan) -> None:
+    """Write the held-out built-in problems to ``eval_problems.jsonl`` in the results folder (nothing for another
+    evaluation set).
+
+    Raises:
+        ValueError: the file holds other problems (the committed pieces were sampled on those).
+    """
     plan.results_dir.mkdir(parents=True, exist_ok=True)
     if plan.eval_rows is not None:
         path = Path(plan.eval_source)
@@ -606,11 +634,6 @@ def run_pieces(plan: Plan) -> None:
                              "another --results_dir.")  # fmt: skip
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text, encoding="utf-8")
-    pieces = [(plan.study.seeds[0], "base")] if "base" in plan.study.arms else []
-    pieces += [(seed, arm) for seed in plan.study.seeds for arm in ARMS + CONTROLS if arm in plan.study.arms]
-    for number, (seed, arm) in enumerate(pieces, 1):
-        print(f"== piece {number}/{len(pieces)}: {_label(seed, arm)}", flush=True)
-        run_piece(plan, seed, arm)
 
 
 def training_summary(log_history: list[dict], beta: float) -> dict:

@@ -130,7 +130,8 @@ def load_training_problems(study: Any, training: TandemGRPOConfig):
     """The training set and, for the built-in problems, held-out evaluation rows ``{"question", "answer"}``.
 
     Built-in problems: [`builtin_split`][tandem_grpo.data.builtin_split] (``--problem_seed``), the held-out rows
-    without the instruction. Other sets load ``--num_problems`` rows of their train split.
+    without the instruction; with ``--curve_steps`` the held-out rows are those a study of the first curve step
+    holds out, so its base piece is the curves' too. Other sets load ``--num_problems`` rows of their train split.
     """
     num = study.num_problems or prompts_per_step(training) * training.max_steps
     instruction = INSTRUCTIONS[study.instruction]
@@ -139,7 +140,10 @@ def load_training_problems(study: Any, training: TandemGRPOConfig):
                                  instruction=instruction), None  # fmt: skip
     if study.eval_dataset is not None:  # evaluated on another set: nothing to hold out
         return builtin_problems(study.task, num, seed=study.problem_seed, instruction=instruction), None
-    train, held = builtin_split(study.task, num, study.eval_limit, seed=study.problem_seed, instruction=instruction)
+    curve = getattr(study, "curve_steps", None)
+    after = prompts_per_step(training) * curve[0] if curve and not study.num_problems else None
+    train, held = builtin_split(study.task, num, study.eval_limit, seed=study.problem_seed, instruction=instruction,
+                                held_out_after=after)  # fmt: skip
     held_out = [{"question": prompt[0]["content"].removesuffix(instruction), "answer": answer}
                 for prompt, answer in zip(held["prompt"], held["answer"], strict=True)]  # fmt: skip
     return train, held_out

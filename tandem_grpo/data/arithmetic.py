@@ -221,32 +221,50 @@ def builtin_problems(task: str, num_problems: int, seed: int = 0, instruction: s
 
 
 def builtin_split(
-    task: str, num_train: int, num_held_out: int, seed: int = 0, instruction: str = INSTRUCTION
+    task: str,
+    num_train: int,
+    num_held_out: int,
+    seed: int = 0,
+    instruction: str = INSTRUCTION,
+    held_out_after: int | None = None,
 ) -> tuple[datasets.Dataset, datasets.Dataset]:
     """Training problems and held-out problems of the built-in family ``task``, from one generator stream.
 
-    The first ``num_train`` problems of the stream train (the same rows as ``builtin_problems(task, num_train, seed,
-    instruction)``); the next ones that occur neither among them nor earlier in the held-out set are held out, up to
-    ``num_held_out`` (the small operand ranges repeat problems, so the stream is drawn generously).
+    The held-out problems are the stream's next ones after its first ``held_out_after`` (default ``num_train``) that
+    occur neither among those nor earlier in the held-out set, up to ``num_held_out`` (the small operand ranges repeat
+    problems, so the stream is drawn generously). The first ``min(num_train, held_out_after)`` problems of the stream
+    train (with the default, the same rows as ``builtin_problems(task, num_train, seed, instruction)``); a
+    ``num_train`` beyond ``held_out_after`` continues with the stream's problems after the held-out ones, skipping any
+    that is held out. So a longer training (``num_train`` 180, ``held_out_after`` 60) keeps the held-out problems of a
+    shorter one (``num_train`` 60) and its first 60 training problems.
 
     Returns:
         ``(train, held_out)``, both in this package's two-column format (``prompt``, ``answer``); ``held_out`` may be
         shorter than ``num_held_out`` when the family has too few distinct problems.
 
     Raises:
-        ValueError: as [`builtin_problems`][tandem_grpo.data.builtin_problems], or ``num_held_out < 0``.
+        ValueError: as [`builtin_problems`][tandem_grpo.data.builtin_problems], ``num_held_out < 0`` or
+            ``held_out_after < 1``.
     """
     if num_held_out < 0:
         raise ValueError(f"num_held_out={num_held_out!r} must be >= 0.")
-    stream = builtin_problems(task, num_train + 4 * num_held_out + 64, seed=seed, instruction=instruction)
-    train = stream.select(range(num_train))
-    seen = {row[0]["content"] for row in train["prompt"]}
+    after = num_train if held_out_after is None else held_out_after
+    if after < 1:
+        raise ValueError(f"held_out_after={held_out_after!r} must be >= 1.")
+    extra = max(0, num_train - after)
+    stream = builtin_problems(task, after + 4 * num_held_out + 64 + 2 * extra, seed=seed, instruction=instruction)
+    contents = [prompt[0]["content"] for prompt in stream["prompt"]]
+    seen = set(contents[: min(num_train, after)])
     keep: list[int] = []
-    for index, prompt in enumerate(stream["prompt"][num_train:], start=num_train):
-        content = prompt[0]["content"]
-        if len(keep) >= num_held_out:
-            break
-        if content not in seen:
-            seen.add(content)
+    index = after
+    while index < len(contents) and len(keep) < num_held_out:
+        if contents[index] not in seen:
+            seen.add(contents[index])
             keep.append(index)
-    return train, stream.select(keep)
+        index += 1
+    held_out = {contents[i] for i in keep}
+    later = [i for i in range(index, len(contents)) if contents[i] not in held_out][:extra]
+    if len(later) < extra:
+        raise ValueError(f"the {task!r} stream ran out of training problems after the held-out ones "
+                         f"({len(later)} of {extra}): lower num_train.")  # fmt: skip
+    return stream.select([*range(min(num_train, after)), *later]), stream.select(keep)
