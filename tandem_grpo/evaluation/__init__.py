@@ -3,6 +3,7 @@
 ([`cli.main`][tandem_grpo.evaluation.cli.main]).
 
 One module per measurement, each with its estimator, interval and null: [`solo`][tandem_grpo.evaluation.solo],
+[`support`][tandem_grpo.evaluation.support],
 [`schedules`][tandem_grpo.evaluation.schedules] (handoff robustness), [`drift`][tandem_grpo.evaluation.drift],
 [`junior_legibility`][tandem_grpo.evaluation.junior_legibility] and [`hacks`][tandem_grpo.evaluation.hacks]; shared
 statistics in [`stats`][tandem_grpo.evaluation.stats], and [`runner`][tandem_grpo.evaluation.runner] orchestrates.
