@@ -40,8 +40,8 @@ OPEN_PATHS = frozenset({"/health"})
 
 _HOW = (
     f"Set {TOKEN_ENV} to the same secret in the server's and the trainer's environment (for instance "
-    "`export {env}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')` once, before both)."
-).format(env=TOKEN_ENV)
+    f"`export {TOKEN_ENV}=$(python -c 'import secrets; print(secrets.token_urlsafe(32))')` once, before both)."
+)
 
 
 def server_token() -> str | None:
