@@ -164,8 +164,10 @@ def gsm8k_train() -> Path:
 
 def child_env() -> dict:
     """The environment for a child process that imports ``conftest`` and picks its own torch.distributed rendezvous
-    (an in-process engine of another test module leaves RANK, MASTER_PORT... behind)."""
+    (an in-process engine of another test module leaves RANK, MASTER_PORT... behind), without a server token from
+    the caller's shell (tests that want one pass it)."""
     drop = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    drop += ("TANDEM_GRPO_SERVER_TOKEN", "VLLM_API_KEY")
     env = {k: v for k, v in os.environ.items() if k not in drop}
     tests = os.path.dirname(os.path.abspath(__file__))
     env["PYTHONPATH"] = os.pathsep.join([tests, env.get("PYTHONPATH", "")])
@@ -179,20 +181,20 @@ def free_port() -> int:
 
 
 @contextlib.contextmanager
-def tandem_server(serve_args: list[str], log: Path, timeout_s: float = 600) -> Iterator[str]:
+def tandem_server(serve_args: list[str], log: Path, timeout_s: float = 600, env: dict | None = None) -> Iterator[str]:
     """Run ``tandem-grpo vllm-serve SERVE_ARGS`` on a free local port until its /health answers; yield its URL.
 
-    The server runs in its own process group, which is ended (SIGTERM, then SIGKILL) on exit.
+    ``env`` adds variables to :func:`child_env` (``TANDEM_GRPO_SERVER_TOKEN``, for one). The server runs in its own
+    process group, which is ended (SIGTERM, then SIGKILL) on exit.
     """
     import requests
 
     port = free_port()
     command = [sys.executable, "-m", "tandem_grpo.cli", "vllm-serve", *serve_args,
                "--host", "127.0.0.1", "--port", str(port)]  # fmt: skip
+    env = {**child_env(), **(env or {})}
     with open(log, "w") as handle:
-        proc = subprocess.Popen(
-            command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=child_env()
-        )
+        proc = subprocess.Popen(command, stdout=handle, stderr=subprocess.STDOUT, start_new_session=True, env=env)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.time() + timeout_s

@@ -100,7 +100,7 @@ def _short_name(name: str, split: str):
     return run
 
 
-def _server_down(tmp):
+def _server_down(tmp, url="http://127.0.0.1:9"):
     from datasets import Dataset
 
     from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
@@ -109,10 +109,45 @@ def _server_down(tmp):
     build_tiny_tokenizer().save_pretrained(tmp / "senior")
     args = TandemGRPOConfig(
         output_dir=str(tmp / "out"), report_to=[], use_vllm=True, vllm_mode="server", vllm_server_timeout=2,
-        vllm_server_base_url="http://127.0.0.1:9", per_device_train_batch_size=4, num_generations=4,
+        vllm_server_base_url=url, per_device_train_batch_size=4, num_generations=4,
     )  # fmt: skip
     TandemGRPOTrainer(model=str(tmp / "senior"), reward_funcs=lambda completions, **k: [0.0] * len(completions),
                       args=args, train_dataset=Dataset.from_dict({"prompt": ["a"] * 4}))  # fmt: skip
+
+
+def _server_wants_a_token(tmp):
+    """A loopback server behind the real token middleware (answering /health only: the trainer's client is refused
+    at its first guarded request, before any engine would matter), and a trainer without the token."""
+    import os
+    import threading
+    import time
+    from unittest import mock
+
+    import uvicorn
+    from conftest import free_port
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    from tandem_grpo.vllm.server_token import TOKEN_ENV, ServerTokenMiddleware
+
+    with mock.patch.dict(os.environ, {TOKEN_ENV: "server-secret"}):
+        app = ServerTokenMiddleware(Starlette(routes=[Route("/health", lambda request: Response())]))
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error", lifespan="off"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        for _ in range(100):  # up to 10 s
+            if server.started:
+                break
+            time.sleep(0.1)
+        with mock.patch.dict(os.environ):
+            os.environ.pop(TOKEN_ENV, None)
+            _server_down(tmp, f"http://127.0.0.1:{port}")
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
 
 
 def _reward(output):
@@ -129,13 +164,15 @@ def _reward(output):
     return run
 
 
-def _command(*argv: str):
-    """A command line as a real process; returns its exit status after checking stderr's last line."""
+def _command(*argv: str, env: dict | None = None):
+    """A command line as a real process (``env`` added to its environment); returns its exit status after checking
+    stderr's last line."""
 
     def run(tmp):
         result = subprocess.run(
-            [sys.executable, *argv], cwd=tmp, env=child_env(), capture_output=True, text=True, timeout=300
-        )
+            [sys.executable, *argv], cwd=tmp, env={**child_env(), **(env or {})}, capture_output=True, text=True,
+            timeout=300,
+        )  # fmt: skip
         run.stderr = result.stderr
         return result.returncode
 
@@ -258,10 +295,33 @@ CATALOGUE: list[Entry] = [
           r"^tandem-grpo vllm-serve: error: tandem vLLM engine: `watermark_config` is set.*Remove the option",
           _command("-m", "tandem_grpo.cli", "vllm-serve", "--model", "/nonexistent/model", "--watermark-config",
                    "{}"), needs_vllm=True),
+    Entry("tandem-grpo vllm-serve", "`--host 0.0.0.0` (or any non-loopback address) without "
+          "`TANDEM_GRPO_SERVER_TOKEN`", "one `error:` line naming the variable and `--allow_unauthenticated`, exit "
+          "status 2, before the model is looked up", 2,
+          r"^tandem-grpo vllm-serve: error: Refusing to serve on 0\.0\.0\.0:8000 without a token: anyone .*"
+          r"TANDEM_GRPO_SERVER_TOKEN.*--allow_unauthenticated",
+          _command("-m", "tandem_grpo.cli", "vllm-serve", "--model", "/nonexistent/model", "--host", "0.0.0.0"),
+          needs_vllm=True),
+    Entry("tandem-grpo vllm-serve", "`--api-key KEY` (vLLM's key guards only `/v1` routes)",
+          "one `error:` line pointing to `TANDEM_GRPO_SERVER_TOKEN`, exit status 2", 2,
+          r"^tandem-grpo vllm-serve: error: vLLM's --api-key .* guards only the /v1-style routes.*"
+          r"TANDEM_GRPO_SERVER_TOKEN guards every route",
+          _command("-m", "tandem_grpo.cli", "vllm-serve", "--model", "/nonexistent/model", "--api-key", "k"),
+          needs_vllm=True),
+    Entry("tandem-grpo vllm-serve", "`TANDEM_GRPO_SERVER_TOKEN` with a space in it",
+          "one `error:` line: printable ASCII without spaces, exit status 2", 2,
+          r"^tandem-grpo vllm-serve: error: TANDEM_GRPO_SERVER_TOKEN holds a space",
+          _command("-m", "tandem_grpo.cli", "vllm-serve", "--model", "/nonexistent/model",
+                   env={"TANDEM_GRPO_SERVER_TOKEN": "two words"}), needs_vllm=True),
     Entry("TandemGRPOTrainer", "`vllm_mode=\"server\"` with no server running",
           "`ConnectionError` after `vllm_server_timeout`, printing the command that starts one",
           ConnectionError, r"No tandem vLLM server is reachable at http://127\.0\.0\.1:9.*vllm-serve --model",
           _server_down, needs_vllm=True),
+    Entry("TandemGRPOTrainer", "`vllm_mode=\"server\"` against a server started with `TANDEM_GRPO_SERVER_TOKEN`, "
+          "the trainer without it (or with another)",
+          "`PermissionError` at the first request the server refuses (401), naming the variable to set",
+          PermissionError, r"refused GET /v1/models \(401\): it requires a token and TANDEM_GRPO_SERVER_TOKEN is "
+          r"unset in the trainer's environment", _server_wants_a_token, needs_vllm=True),
 ]  # fmt: skip
 
 README_HEADER = """| where | what was wrong | what you see |

