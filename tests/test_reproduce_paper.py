@@ -1166,3 +1166,23 @@ def test_tiny_learning_curve_in_segments_resumes_and_reads_support(tiny_base, tm
     for name in ("curves.md", "curves.png", "support.png"):
         assert (results_dir / "curves" / name).is_file(), name
     assert curves.committed_points(results_dir)[1]["piece"]["learnt"]["null"]["ci_high"] >= 0
+
+
+def test_a_curve_segment_saves_at_every_curve_step_and_stops_at_its_own():
+    """A segment that must reach step 90 from nothing (its checkpoints lost) saves at 30 and 60 on the way and stops
+    only at 90; a segment to 30 stops there."""
+    from types import SimpleNamespace
+
+    from paper_study.curves import SaveAndStopAt
+
+    def run(callback, steps):
+        seen = []
+        for step in steps:
+            control = SimpleNamespace(should_save=False, should_training_stop=False)
+            callback.on_step_end(None, SimpleNamespace(global_step=step), control)
+            seen.append((step, control.should_save, control.should_training_stop))
+        return [entry for entry in seen if entry[1] or entry[2]]
+
+    assert run(SaveAndStopAt((30, 60, 90), 90), range(1, 91)) == [(30, True, False), (60, True, False),
+                                                                  (90, True, True)]  # fmt: skip
+    assert run(SaveAndStopAt((30, 60, 90), 30), range(1, 31)) == [(30, True, True)]

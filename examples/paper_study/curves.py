@@ -12,6 +12,7 @@ read every committed point: each arm's gain over the base against the step, and 
 from __future__ import annotations
 
 import copy
+import hashlib
 import json
 import shutil
 import time
@@ -29,15 +30,16 @@ CURVE_ARMS = ("grpo", "tandem")
 
 
 class SaveAndStopAt(TrainerCallback):
-    """Save a complete checkpoint at each of ``steps`` and stop training at the first of them the run reaches (the
-    end of a segment). The Trainer's own ``save_strategy`` is left as the preset's (``"no"``)."""
+    """Save a complete checkpoint at each of ``steps`` and stop training at ``stop_at`` (the end of a segment; None:
+    at the end of training). The Trainer's own ``save_strategy`` is left as the preset's (``"no"``)."""
 
-    def __init__(self, steps: tuple[int, ...]):
-        self.steps = frozenset(steps)
+    def __init__(self, steps: tuple[int, ...], stop_at: int | None = None):
+        self.steps, self.stop_at = frozenset(steps), stop_at
 
     def on_step_end(self, args, state, control, **kwargs):
         if state.global_step in self.steps:
             control.should_save = True
+        if state.global_step == self.stop_at:
             control.should_training_stop = True
         return control
 
@@ -95,6 +97,7 @@ def run_point(plan: Plan, seed: int, arm: str, step: int) -> Path | None:
         _evaluate_in_process,
         _in_fresh_process,
         _sha256,
+        _training_record,
         check_held_out,
         command_line,
         cpu_name,
@@ -126,7 +129,7 @@ def run_point(plan: Plan, seed: int, arm: str, step: int) -> Path | None:
         started = time.perf_counter()
         _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
                           plan.study.cpu_threads, plan.study.lora_r, False, plan.study.answer,
-                          curve_steps_of(plan), resume)  # fmt: skip
+                          curve_steps_of(plan), step, resume)  # fmt: skip
         point["wall_seconds"]["training"] = time.perf_counter() - started
         point["trained_steps"] = [start + 1, step]
         point["resumed_from"] = None if resume is None else Path(resume).name
@@ -136,6 +139,9 @@ def run_point(plan: Plan, seed: int, arm: str, step: int) -> Path | None:
         point["trained_steps"] = None  # trained by an earlier sitting, whose time is not known here
     history = json.loads((checkpoint / "trainer_state.json").read_text())["log_history"]
     point["training"] = training_summary(history, config.beta)
+    # Which training the checkpoint is: a point of the support folder and the curve's point at the same step name
+    # the same one when these agree (an arm trained again from the start after its checkpoints were lost does not).
+    point["log_history_sha256"] = hashlib.sha256(json.dumps(_training_record(history)).encode()).hexdigest()
     point["config"] = _config_record(plan, seed, arm)
     point["config"]["output_dir"] = str(weights)
     partial = final.with_name(final.name + ".partial")

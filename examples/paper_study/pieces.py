@@ -40,6 +40,7 @@ def train_arm(
     live_junior: bool = False,
     answer: str = "final",
     save_at: tuple[int, ...] = (),
+    stop_at: int | None = None,
     resume_from: str | None = None,
 ) -> None:
     """Train one arm in this process and save a full model (a LoRA senior merged into its base), its
@@ -47,10 +48,11 @@ def train_arm(
     (``plan.CONTROLS``, :func:`keep_junior_live`); ``answer``: ``"stated"`` rewards with
     ``stated_accuracy_reward`` (``--answer``).
 
-    A segment of a learning curve (``paper_study.curves``) passes ``save_at``, the curve steps: the trainer saves a
-    complete ``checkpoint-<step>`` (weights, optimizer, scheduler, RNG states) at each and stops at the first one
-    after ``resume_from`` (a checkpoint of the same training, or None to start), and nothing else is saved: the
-    checkpoint is the segment's product, and the learning-rate schedule stays the whole ``max_steps``'."""
+    A segment of a learning curve (``paper_study.curves``) passes ``save_at``, the curve steps, and ``stop_at``, the
+    step it ends at: the trainer, resumed from ``resume_from`` (a checkpoint of the same training, or None to
+    start), saves a complete ``checkpoint-<step>`` (weights, optimizer, scheduler, RNG states) at each curve step it
+    passes and stops at ``stop_at``; nothing else is saved (the checkpoint is the segment's product), and the
+    learning-rate schedule stays the whole ``max_steps``'."""
     import torch
 
     from tandem_grpo import TandemGRPOTrainer
@@ -75,7 +77,7 @@ def train_arm(
     if save_at:
         from .curves import SaveAndStopAt
 
-        trainer.add_callback(SaveAndStopAt(save_at))
+        trainer.add_callback(SaveAndStopAt(save_at, stop_at))
         trainer.train(resume_from_checkpoint=resume_from)
         return
     trainer.train()
