@@ -44,7 +44,7 @@ from .junior import (
 )
 from .model_calls import check_co_generation_model
 from .models import resolve_model_path
-from .rewards import pop_verify_timeouts
+from .rewards import pop_verify_counts
 from .rollout import Rollout
 from .sampling import COIN_SEED_MASK, SamplingSettings, rollout_seed, sampling_from_generation_kwargs
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
@@ -387,10 +387,12 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         # Answers whose verification ran past its time limit scored 0 (tandem_grpo.rewards): count them, summed over
-        # ranks, so a run that silently mis-scores shows it.
-        count = torch.tensor([float(pop_verify_timeouts())], device=self.accelerator.device)
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["rewards/verify_timeouts"].append(self.accelerator.gather(count).sum().item())
+        # ranks, so a run that silently mis-scores shows it; only where a math-verify reward ran.
+        counts = torch.tensor([float(c) for c in pop_verify_counts()], device=self.accelerator.device)
+        checked, timed_out = self.accelerator.gather(counts).view(-1, 2).sum(0).tolist()
+        if checked:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["rewards/verify_timeouts"].append(timed_out)
         return rewards
 
     # ------------------------------------------------------------------ loss
