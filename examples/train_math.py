@@ -349,7 +349,8 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
-        png = plot_training_curves(trainer.state.log_history, out / "training_curves.png")
+        weights = dict(zip(trainer.reward_func_names, trainer.reward_weights.tolist(), strict=True))
+        png = plot_training_curves(trainer.state.log_history, out / "training_curves.png", reward_weights=weights)
         print(f"Saved the model, log_history.json and {png} to {out}")
     if before is not None:
         after = held_out_verdicts(trainer, held_out, script_args, "held-out, after training")
