@@ -40,7 +40,7 @@ from trl import ModelConfig, get_peft_config
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_split, load_math_dataset
+from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, ROW_FORMAT_HELP, builtin_split, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.evaluation.held_out import solo_verdicts
 from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy, permutation_null
@@ -56,7 +56,8 @@ class ScriptArguments:
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "A short name (gsm8k, multiarith, math500...), a hub dataset id, or a local .jsonl/.json "
-                  "file or folder (GSM8K, MATH, MultiArith... rows). Default: the built-in arithmetic word problems."},
+                  f"file or folder of <split>.jsonl files; {ROW_FORMAT_HELP}. Default: the built-in arithmetic word "
+                  "problems."},
     )  # fmt: skip
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     task: str = field(

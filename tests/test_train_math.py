@@ -63,6 +63,13 @@ def _problems(folder: Path, name: str, numbers: range) -> Path:
     return path
 
 
+def test_dataset_name_help_says_what_a_jsonl_row_holds(train_math):
+    from tandem_grpo.data import ROW_FORMAT_HELP
+
+    flat = " ".join(train_math.build_parser().format_help().split())
+    assert " ".join(ROW_FORMAT_HELP.split()) in flat
+
+
 def test_held_out_problems_never_come_from_the_training_rows(train_math, tmp_path):
     """Built-in problems are held out from the same stream; a dataset only with --held_out_split, refused when it is
     the training split or shares a question with it (a single .jsonl file has one split whatever the flag)."""

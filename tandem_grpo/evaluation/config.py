@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data import INSTRUCTIONS
+from ..data import INSTRUCTIONS, ROW_FORMAT_HELP
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .backends import BACKENDS, check_backend_name
@@ -108,7 +108,7 @@ class EvaluationConfig:
     dataset: str | list[str] = _arg(["gsm8k"], "One or more datasets, each a jsonl path or a short name: gsm8k, "
                                     "math500, minerva_math, aime24, amc23, multiarith. With several, results add "
                                     "each benchmark's figures and their macro average (plain mean over "
-                                    "benchmarks).", metavar="PATH_OR_NAME")  # fmt: skip
+                                    f"benchmarks). Files: {ROW_FORMAT_HELP}.", metavar="PATH_OR_NAME")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
     instruction: str = _arg("step_by_step", "What each question asks for: step_by_step, one_line, steps or "
                             "answer_line (use the one the checkpoints were trained with; "
