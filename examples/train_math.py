@@ -44,7 +44,7 @@ from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, ROW_FORMAT_H
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.evaluation.held_out import solo_verdicts
 from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy, permutation_null
-from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
+from tandem_grpo.models import SMOLLM2_ID, loaded_weights, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
 from tandem_grpo.sampling import SamplingSettings
@@ -212,9 +212,10 @@ def held_out_verdicts(trainer: TandemGRPOTrainer, held_out: Dataset, script_args
                          max_new_tokens=args.max_completion_length, seed=args.seed, desc=desc)  # fmt: skip
 
 
-def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path) -> str:
+def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path, weights: dict | None = None) -> str:
     """Write ``held_out.json`` (accuracies, the paired difference with its 95% interval and its permutation null, the
-    verdict counts) to ``out`` and return the line that reports it."""
+    verdict counts, and ``weights``: which weights the base model's name loaded, ``models.loaded_weights``) to ``out``
+    and return the line that reports it."""
     result = paired_accuracy_difference(per_problem_accuracy(before), per_problem_accuracy(after))
     counts = {"before": [sum(r) for r in before], "after": [sum(r) for r in after]}
     k = len(before[0])
@@ -224,6 +225,7 @@ def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path
         "correct_per_problem": counts,
         "null": permutation_null(counts["before"], counts["after"], k),
         "definition": "the senior alone; per-problem accuracy after minus before, percentile bootstrap over problems",
+        "weights": weights,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "held_out.json").write_text(json.dumps(result, indent=1))
@@ -355,7 +357,8 @@ def main() -> None:
         print(f"Saved the model, log_history.json and {png} to {out}")
     if before is not None:
         after = held_out_verdicts(trainer, held_out, script_args, "held-out, after training")
-        print(held_out_report(before, after, Path(training_args.output_dir)))
+        weights = loaded_weights(model_args.model_name_or_path, model_args.model_revision)
+        print(held_out_report(before, after, Path(training_args.output_dir), weights))
 
 
 if __name__ == "__main__":
