@@ -40,11 +40,11 @@ from trl import ModelConfig, get_peft_config
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
-from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, builtin_split, load_math_dataset
+from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, ROW_FORMAT_HELP, builtin_split, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.evaluation.held_out import solo_verdicts
 from tandem_grpo.evaluation.solo import paired_accuracy_difference, per_problem_accuracy, permutation_null
-from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
+from tandem_grpo.models import SMOLLM2_ID, loaded_weights, resolve_model_path
 from tandem_grpo.plotting import plot_training_curves
 from tandem_grpo.rewards import accuracy_reward, format_reward
 from tandem_grpo.sampling import SamplingSettings
@@ -56,7 +56,8 @@ class ScriptArguments:
     dataset_name: str | None = field(
         default=None,
         metadata={"help": "A short name (gsm8k, multiarith, math500...), a hub dataset id, or a local .jsonl/.json "
-                  "file or folder (GSM8K, MATH, MultiArith... rows). Default: the built-in arithmetic word problems."},
+                  f"file or folder of <split>.jsonl files; {ROW_FORMAT_HELP}. Default: the built-in arithmetic word "
+                  "problems."},
     )  # fmt: skip
     dataset_train_split: str = field(default="train", metadata={"help": "Split to train on."})
     task: str = field(
@@ -211,9 +212,10 @@ def held_out_verdicts(trainer: TandemGRPOTrainer, held_out: Dataset, script_args
                          max_new_tokens=args.max_completion_length, seed=args.seed, desc=desc)  # fmt: skip
 
 
-def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path) -> str:
+def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path, weights: dict | None = None) -> str:
     """Write ``held_out.json`` (accuracies, the paired difference with its 95% interval and its permutation null, the
-    verdict counts) to ``out`` and return the line that reports it."""
+    verdict counts, and ``weights``: which weights the base model's name loaded, ``models.loaded_weights``) to ``out``
+    and return the line that reports it."""
     result = paired_accuracy_difference(per_problem_accuracy(before), per_problem_accuracy(after))
     counts = {"before": [sum(r) for r in before], "after": [sum(r) for r in after]}
     k = len(before[0])
@@ -223,6 +225,7 @@ def held_out_report(before: list[list[bool]], after: list[list[bool]], out: Path
         "correct_per_problem": counts,
         "null": permutation_null(counts["before"], counts["after"], k),
         "definition": "the senior alone; per-problem accuracy after minus before, percentile bootstrap over problems",
+        "weights": weights,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "held_out.json").write_text(json.dumps(result, indent=1))
@@ -349,11 +352,13 @@ def main() -> None:
     if trainer.accelerator.is_main_process:
         out = Path(training_args.output_dir)
         (out / "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
-        png = plot_training_curves(trainer.state.log_history, out / "training_curves.png")
+        weights = dict(zip(trainer.reward_func_names, trainer.reward_weights.tolist(), strict=True))
+        png = plot_training_curves(trainer.state.log_history, out / "training_curves.png", reward_weights=weights)
         print(f"Saved the model, log_history.json and {png} to {out}")
     if before is not None:
         after = held_out_verdicts(trainer, held_out, script_args, "held-out, after training")
-        print(held_out_report(before, after, Path(training_args.output_dir)))
+        weights = loaded_weights(model_args.model_name_or_path, model_args.model_revision)
+        print(held_out_report(before, after, Path(training_args.output_dir), weights))
 
 
 if __name__ == "__main__":

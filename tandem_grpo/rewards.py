@@ -36,6 +36,7 @@ __all__ = [
     "format_reward",
     "is_correct",
     "stated_accuracy_reward",
+    "pop_verify_counts",
     "pop_verify_timeouts",
 ]
 
@@ -311,23 +312,29 @@ atexit.register(_WORKER.close)
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_WORKER._forget_after_fork)
 
-_timeouts = 0
-_timeouts_lock = threading.Lock()
+_counts = {"checked": 0, "timed_out": 0}
+_counts_lock = threading.Lock()
+
+
+def pop_verify_counts() -> tuple[int, int]:
+    """``(checked, timed_out)``: answers :func:`is_correct` was asked about, and those whose verification ran past
+    its time limit (and so scored 0), in this process since the previous call of this or
+    :func:`pop_verify_timeouts`; resets both. A trainer logs ``rewards/verify_timeouts`` only where ``checked`` > 0:
+    without a math-verify reward the count means nothing."""
+    with _counts_lock:
+        counts = (_counts["checked"], _counts["timed_out"])
+        _counts.update(checked=0, timed_out=0)
+    return counts
 
 
 def pop_verify_timeouts() -> int:
-    """Number of answers whose verification ran past its time limit (and so scored 0) since the previous call,
-    in this process; resets the count. Meant for a trainer's per-step metric ``rewards/verify_timeouts``."""
-    global _timeouts
-    with _timeouts_lock:
-        count, _timeouts = _timeouts, 0
-    return count
+    """The ``timed_out`` of :func:`pop_verify_counts` (which it resets, with ``checked``)."""
+    return pop_verify_counts()[1]
 
 
-def _count_timeout() -> None:
-    global _timeouts
-    with _timeouts_lock:
-        _timeouts += 1
+def _count(name: str) -> None:
+    with _counts_lock:
+        _counts[name] += 1
 
 
 def _resolve_timeout(verify_timeout: float | None) -> float:
@@ -378,6 +385,7 @@ def is_correct(
         RuntimeError: the math-verify worker process cannot be started.
     """
     timeout_s = _resolve_timeout(verify_timeout)
+    _count("checked")
     try:
         text = completion if isinstance(completion, str) else completion_text(completion)
         if gold is None:
@@ -397,7 +405,7 @@ def is_correct(
         return True
     verdict = _WORKER.check(answer, gold_text, timeout_s)
     if verdict is None:
-        _count_timeout()
+        _count("timed_out")
         logger.warning(
             "math-verify did not finish within %g s on answer %.200r (gold %.200r): scored 0.", timeout_s, answer, gold
         )

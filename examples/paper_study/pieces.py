@@ -227,6 +227,7 @@ def run_piece(plan: Plan, seed: int, arm: str) -> Path | None:
     problems_sha256 = check_held_out(plan) if arm != "base" else None
     partial = final.with_name(final.name + ".partial")
     piece: dict = {"arm": arm, "seed": None if arm == "base" else seed, "preset": plan.study.preset, "cpu": cpu_name(),
+                   "base_weights": sys.modules["tandem_grpo.models"].loaded_weights(plan.study.model_name_or_path),
                    "command": command_line(), "versions": versions(), "wall_seconds": {}}  # fmt: skip
     checkpoint = plan.study.model_name_or_path
     weights = None

@@ -28,11 +28,13 @@ Modules, each name importable from ``tandem_grpo.data`` and documented on this p
 from .answers import gsm8k_gold, last_boxed, stated_answer
 from .arithmetic import BUILTIN_TASKS, arithmetic_chains, arithmetic_word_problems, builtin_problems, builtin_split
 from .instructions import ANSWER_LINE_INSTRUCTION, INSTRUCTION, INSTRUCTIONS, ONE_LINE_INSTRUCTION, STEPS_INSTRUCTION
-from .loading import DATA_DIR_ENV, DATASETS, HubDataset, load_math_dataset, to_example
+from .loading import DATA_DIR_ENV, DATASETS, ROW_FORMAT_HELP, ROW_FORMATS, HubDataset, load_math_dataset, to_example
 
 __all__ = [
     "BUILTIN_TASKS",
     "DATASETS",
+    "ROW_FORMATS",
+    "ROW_FORMAT_HELP",
     "DATA_DIR_ENV",
     "ANSWER_LINE_INSTRUCTION",
     "INSTRUCTION",

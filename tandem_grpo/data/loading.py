@@ -8,13 +8,8 @@ conversational prompts with a gold answer column.
 * ``answer``: the gold answer as a string (``"72"``, ``"27"``, ``"\\frac{\\pi}{2}"``). TRL passes
   it to the reward functions as the ``answer`` keyword (see [`tandem_grpo.rewards`][tandem_grpo.rewards]).
 
-Supported row formats (detected from the fields of each row):
-
-* GSM8K: ``question`` and ``answer`` whose gold follows ``#### `` at the end (commas stripped);
-* MATH / MATH-500 / AIME: ``problem`` (or ``question``) and ``answer``;
-* Minerva Math: ``problem`` and ``solution``; the gold is the last ``\\boxed{...}`` of the solution;
-* AMC: ``problem`` and a numeric ``answer`` such as ``27.0`` (written ``"27"``);
-* MultiArith: ``input`` and an integer ``target``, or ``question`` and ``final_ans`` (its hub copy).
+The row formats it accepts, detected from the fields of each row, are
+[`ROW_FORMATS`][tandem_grpo.data.loading.ROW_FORMATS], one example row each.
 """
 
 from __future__ import annotations
@@ -37,12 +32,48 @@ __all__ = [
     "DATASETS",
     "DATA_DIR_ENV",
     "HubDataset",
+    "ROW_FORMATS",
+    "ROW_FORMAT_HELP",
     "load_math_dataset",
     "to_example",
 ]
 
 QUESTION_FIELDS: tuple[str, ...] = ("problem", "question", "input")
 """Fields that may hold the question, tried in this order."""
+
+ROW_FORMATS: dict[str, dict[str, Any]] = {
+    "plain": {"question": "What is 2 + 3?", "answer": "5"},
+    "GSM8K (gold after `#### `, commas stripped)": {
+        "question": "Mia has 12 apples and buys 7 more. How many apples does she have?",
+        "answer": "She has 12 + 7 = 19 apples.\n#### 19",
+    },
+    "MATH, MATH-500, AIME (LaTeX answers)": {"problem": "Simplify $\\frac{6}{8}$.", "answer": "\\frac{3}{4}"},
+    "Minerva Math (gold: the solution's last `\\boxed{}`)": {
+        "problem": "A car travels 60 km in 1.5 hours. What is its speed in km/h?",
+        "solution": "Speed is distance over time: $60 / 1.5 = \\boxed{40}$.",
+    },
+    "AMC (numeric answer, 27.0 read as 27)": {"problem": "What is $3^3$?", "answer": 27.0},
+    "MultiArith (or `question` and `final_ans`, its hub copy)": {
+        "input": "Sam had 5 pens and lost 2. How many are left?",
+        "target": 3,
+    },
+}
+"""The row formats of a ``.jsonl`` / ``.json`` file, one example row each (``docs/training.md`` prints them): the
+question is the first non-empty string of ``problem``, ``question``, ``input``; the gold answer is ``answer`` (a
+GSM8K solution ending in ``#### <answer>``, a string or a number), else ``target`` or ``final_ans``, else the last
+``\\boxed{}`` of ``solution``. Other fields are ignored."""
+
+ROW_FORMAT_HELP = (
+    'a .jsonl file holds one JSON object a line, such as {"question": "What is 2 + 3?", "answer": "5"}: the question '
+    "in 'question', 'problem' or 'input', the gold in 'answer' (GSM8K's '... #### 5' too), 'target', 'final_ans', or "
+    "a 'solution' with \\boxed{5} (one example row per format: docs/training.md, tandem_grpo.data.ROW_FORMATS)"
+)
+"""What the command lines' ``--help`` say about the accepted rows."""
+
+_ROW_EXAMPLE = (
+    'A row reads e.g. {"question": "What is 2 + 3?", "answer": "5"}; one example row per format: docs/training.md '
+    "(tandem_grpo.data.ROW_FORMATS)."
+)
 
 _HUB_DEFAULT_CONFIGS = {"openai/gsm8k": "main", "gsm8k": "main"}
 
@@ -72,7 +103,7 @@ def _gold_from_row(row: Mapping[str, Any], index: int, source: str) -> str:
     fix = (
         "Accepted gold fields: 'answer' (a plain answer, or a GSM8K solution ending in '#### <answer>'), "
         "'target' or 'final_ans' (MultiArith), or a 'solution' containing \\boxed{<answer>} (MATH/Minerva). "
-        "Add one of these to the row or remove the row."
+        f"Add one of these to the row or remove the row. {_ROW_EXAMPLE}"
     )
     answer = row.get("answer")
     if _present(answer):
@@ -128,7 +159,7 @@ def to_example(row: Mapping[str, Any], index: int, source: str, instruction: str
     if not isinstance(row, Mapping):
         raise ValueError(
             f"{source}: row {index + 1} is a {type(row).__name__}, not a JSON object. "
-            'Each row must be an object such as {"question": ..., "answer": ...}.'
+            f"Each row must be a JSON object. {_ROW_EXAMPLE}"
         )
     question = next(
         (row[f] for f in QUESTION_FIELDS if isinstance(row.get(f), str) and row[f].strip()),
@@ -140,7 +171,7 @@ def to_example(row: Mapping[str, Any], index: int, source: str, instruction: str
             index,
             row,
             "has no question: missing field 'question' (or 'problem', or 'input'), or it is empty",
-            "Put the question text in a non-empty string field named 'question', 'problem' or 'input'.",
+            f"Put the question in a non-empty string field named 'question', 'problem' or 'input'. {_ROW_EXAMPLE}",
         )
     gold = _gold_from_row(row, index, source)
     return {

@@ -25,14 +25,17 @@ from .runner import MEASUREMENTS, EvaluationConfig, EvaluationError, evaluate
 PROG = "tandem-grpo evaluate"
 
 SAMPLING_HELP = {
-    "temperature": "Softmax temperature, > 0 (the command always samples).",
+    "temperature": "Softmax temperature, > 0 (the command always samples). The sampling defaults are the paper's "
+    "evaluation decoding (temperature 0.7, top_p 0.8, top_k 20, as --preset paper); --temperature 1 --top_p 1 "
+    "--top_k 0 samples each model's whole distribution.",
     "top_p": "Nucleus mass kept, in (0, 1]; 1 turns it off.",
     "top_k": "Most likely tokens kept, >= 0; 0 turns it off.",
     "min_p": "Tokens less likely than min_p times the most likely one are dropped, in [0, 1]; 0 turns it off.",
     "repetition_penalty": "Repetition penalty, > 0; 1 turns it off.",
 }
 """``--help`` texts of the [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] flags (the class carries no
-field metadata)."""
+field metadata); their defaults are [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig]'s, the
+paper's evaluation decoding."""
 
 HANDOFF_HELP_SUFFIX = " Here: the rule of the training-rule schedule (--schedules word)."
 """Appended to the help of each [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] flag, whose text is the
@@ -79,6 +82,9 @@ class EvaluateParser(HfArgumentParser):
                 action.help += HANDOFF_HELP_SUFFIX
             elif action.dest == "show_progress":  # HfArgumentParser makes two flags; --no_progress is the one shown
                 action.help = argparse.SUPPRESS
+        # The flags come from SamplingSettings, whose defaults are TRL's (temperature 1): the evaluation's are the
+        # paper's evaluation decoding, EvaluationConfig's.
+        self.set_defaults(**dataclasses.asdict(EvaluationConfig(checkpoints=[]).sampling))
         self.add_argument("--skip", nargs="+", default=[], choices=MEASUREMENTS, help="Measurements to leave out.")
         self.add_argument("--no_progress", dest="show_progress", action="store_false", help="Hide progress bars.")
 
@@ -180,13 +186,12 @@ def _benchmark_lines(block: dict, ks: list[int], indent: str) -> list[str]:
 def _summary(results: dict) -> str:
     ks = results["settings"]["pass_at"]
     lines = [f"Results in {results['outputs'].get('results')} ({results['timing_seconds']['total']:.0f} s)"]
-    settings = results["settings"]
-    if settings.get("preset"):
-        sampling = settings["sampling"]
-        lines.append(
-            f"Preset {settings['preset']}: temperature {sampling['temperature']:g}, top_p {sampling['top_p']:g}, "
-            f"top_k {sampling['top_k']}, k {settings['k']}, max_new_tokens {settings['max_new_tokens']}"
-        )
+    settings, sampling = results["settings"], results["settings"]["sampling"]
+    preset = f"Preset {settings['preset']}: " if settings.get("preset") else "Sampled at "
+    lines.append(
+        f"{preset}temperature {sampling['temperature']:g}, top_p {sampling['top_p']:g}, top_k {sampling['top_k']}, "
+        f"k {settings['k']}, max_new_tokens {settings['max_new_tokens']}"
+    )
     for name, entry in results["checkpoints"].items():
         solo = _passes(entry["solo"], ks)
         curve = entry["solo"]["pass_at_k_curve"]
@@ -200,9 +205,12 @@ def _summary(results: dict) -> str:
             lines.append(line)
             lines += _benchmark_lines(h, ks, "    ")
         if "drift_with_null" in entry:
+            # The excess leads: the raw KL between halves of finite samples is > 0 even for the base itself.
             drift = entry["drift_with_null"]
             excess = drift["excess_nats"]
-            line = f"  drift from base {drift['kl_nats']['value']:.4f} nats, excess over null {excess['value']:.4f}"
+            line = (f"  drift from base: excess over its null {excess['value']:.4f} nats [{excess['ci_low']:.4f}, "
+                    f"{excess['ci_high']:.4f}] (KL {drift['kl_nats']['value']:.4f} minus the base's own halves' "
+                    f"{drift['null_kl_nats']['value']:.4f})")  # fmt: skip
             part = drift.get("by_position")
             if part:
                 line += (f" (first {part['prefix_tokens']} tokens {part['first']['excess_nats']['value']:.4f}, "

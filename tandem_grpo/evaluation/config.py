@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..data import INSTRUCTIONS
+from ..data import INSTRUCTIONS, ROW_FORMAT_HELP
 from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 from .backends import BACKENDS, check_backend_name
@@ -27,11 +27,13 @@ SCHEDULES = ("alternating", "word", "steps")
 ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule])."""
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
+PAPER_DECODING: dict[str, float | int] = {"temperature": 0.7, "top_p": 0.8, "top_k": 20}
+"""The paper authors' evaluation decoding (CSSLab/Tandem-RLVR ``eval/config.py``): the default sampling of every
+evaluation, and of ``--preset paper``."""
+
 PRESETS: dict[str, dict[str, float | int]] = {
     "paper": {
-        "temperature": 0.7,
-        "top_p": 0.8,
-        "top_k": 20,
+        **PAPER_DECODING,
         "min_p": 0.0,
         "repetition_penalty": 1.0,
         "k": 8,
@@ -76,8 +78,10 @@ class EvaluationConfig:
     """Everything an evaluation run depends on (all of it is written to ``results.json``).
 
     Each field is one ``tandem-grpo evaluate`` flag of the same name, documented by its ``help`` metadata (which
-    ``--help`` prints with the default). Defaults are the paper's where it has one; ``sampling`` and ``handoff`` are
-    the [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] and
+    ``--help`` prints with the default). Defaults are the paper's where it has one: ``sampling`` is its evaluation
+    decoding ([`PAPER_DECODING`][tandem_grpo.evaluation.config.PAPER_DECODING]: temperature 0.7, top-p 0.8, top-k 20,
+    not ``SamplingSettings()``'s plain sampling at temperature 1). ``sampling`` and ``handoff`` are the
+    [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] and
     [`HandoffRule`][tandem_grpo.handoff.HandoffRule] training uses (flags ``--temperature`` ...,
     ``--junior_probability``, ``--handoff_mode``, ``--handoff_granularity``, ``--max_gap_tokens``).
 
@@ -104,7 +108,7 @@ class EvaluationConfig:
     dataset: str | list[str] = _arg(["gsm8k"], "One or more datasets, each a jsonl path or a short name: gsm8k, "
                                     "math500, minerva_math, aime24, amc23, multiarith. With several, results add "
                                     "each benchmark's figures and their macro average (plain mean over "
-                                    "benchmarks).", metavar="PATH_OR_NAME")  # fmt: skip
+                                    f"benchmarks). Files: {ROW_FORMAT_HELP}.", metavar="PATH_OR_NAME")  # fmt: skip
     split: str = _arg("test", "Dataset split.")
     instruction: str = _arg("step_by_step", "What each question asks for: step_by_step, one_line, steps or "
                             "answer_line (use the one the checkpoints were trained with; "
@@ -118,7 +122,7 @@ class EvaluationConfig:
     pass_at: list[int] | None = _arg(None, "k values of pass@k, each <= --k (default: 1, 2, 4, ... and --k).")
     pass_at_k_curve_max: int = _arg(DEFAULT_CURVE_MAX_K, "Largest k of the pass@k curve (every k from 1 to "
                                     "min(this, --k)); raise --k to reach it.")  # fmt: skip
-    sampling: SamplingSettings = field(default_factory=SamplingSettings)
+    sampling: SamplingSettings = field(default_factory=lambda: SamplingSettings(**PAPER_DECODING))
     max_new_tokens: int = _arg(256, "Completion length cap in tokens.")
     handoff: HandoffRule = field(default_factory=HandoffRule)
     schedules: list[str] = _arg(list(SCHEDULES), "Handoff schedules to run: alternating (the paper's protocol: senior "
@@ -190,7 +194,7 @@ class EvaluationConfig:
             return getattr(self.sampling, name) if name in _SAMPLING_FIELDS else getattr(self, name)
 
         if given is None:
-            defaults = {f.name: f.default for f in dataclasses.fields(SamplingSettings)}
+            defaults = dataclasses.asdict(SamplingSettings(**PAPER_DECODING))  # the default sampling
             defaults |= {f.name: f.default for f in dataclasses.fields(self) if f.name in values}
             given = {name for name in values if current(name) != defaults[name]}
         applied = {name: value for name, value in values.items() if name not in given}

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from ..models import loaded_weights
 from ..sampling import derive_seed
 from .backends import create_backend
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
@@ -304,6 +305,7 @@ def _measure_solo(run: _Run) -> dict:
         "settings": config.to_dict()
         | {
             "resolved_paths": dict(run.resolved),
+            "weights": {path: loaded_weights(path) for path in run.resolved},  # hub commit, GGUF copy or folder
             "junior": junior_arg,
             "base": base_arg,
             "device": str(run.device),
