@@ -7,7 +7,11 @@ Each training runs in its own process (one vLLM engine per process, as in real r
   ``tandem_grpo.vllm.model.repack_tied_layers`` into a no-op, with a senior whose embedding the first sync moves (the
   model given in memory differs from its checkpoint; the junior is that checkpoint): the figure flags step 1;
 - a weight sync that leaves a parameter out (``_iter_named_params`` filtered);
-- a self-paired trainer given a model changed in memory (the engine's junior is the checkpoint on disk).
+- a self-paired trainer given a model changed in memory (the engine's junior is the checkpoint on disk), in colocate
+  and in server mode.
+
+Server mode runs against one ``tandem-grpo vllm-serve`` on the tiny model, which ``tandem-grpo check --server`` also
+checks.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import build_tiny_tokenizer, child_env, skip_without_vllm
+from conftest import build_tiny_tokenizer, child_env, skip_without_vllm, tandem_server
 
 skip_without_vllm()
 
@@ -58,10 +62,10 @@ def reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
 
 
-args = tiny_tandem_config(
-    output_dir, use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=0.1, vllm_max_model_length=128,
-    use_cpu=True, bf16=False, vllm_importance_sampling_correction=False, **options,
-)
+args = tiny_tandem_config(output_dir, **{
+    "use_vllm": True, "vllm_mode": "colocate", "vllm_gpu_memory_utilization": 0.1, "vllm_max_model_length": 128,
+    "use_cpu": True, "bf16": False, "vllm_importance_sampling_correction": False, "vllm_server_timeout": 60, **options,
+})
 result = {}
 try:
     with use_tandem_vllm(args, dtype="float32", enforce_eager=True):
@@ -87,6 +91,7 @@ def tied_llama(tmp_path_factory) -> str:
 
 
 def _train(tmp_path, model: str, breakage: str = "none", **options) -> tuple[dict, str]:
+    tmp_path.mkdir(parents=True, exist_ok=True)
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     proc = subprocess.run(
@@ -154,3 +159,33 @@ def test_a_self_paired_junior_that_is_not_the_model_is_refused_at_start(tmp_path
     is not the trainer's initial senior: refused while the trainer is built."""
     result, _ = _train(tmp_path, tied_llama, "modified_model", max_steps=1, junior_probability=0.5)
     assert "built" not in result and "junior does not compute the senior's initial function" in result["error"]
+
+
+def test_server_mode_checks_the_servers_engine(tmp_path, tmp_path_factory, tied_llama):
+    """One server: ``tandem-grpo check --server`` passes on it; a self-paired trainer syncs and reports the figure
+    under ``engine_check="raise"``; a trainer whose model is not the server's ``--model`` is refused at start-up."""
+    flags = ["--gpu_memory_utilization", "0.1", "--max_model_len", "128", "--dtype", "float32", "--enforce_eager"]
+    with tandem_server(["--model", tied_llama, *flags], tmp_path_factory.mktemp("server") / "server.log") as url:
+        check = subprocess.run(
+            [sys.executable, "-m", "tandem_grpo.cli", "check", "--model", tied_llama, "--server", url, "--sequences",
+             "4", "--tokens", "16"], capture_output=True, text=True, timeout=900, env=child_env(),
+        )  # fmt: skip
+        assert check.returncode == 0, (check.stdout, check.stderr[-4000:])
+        server = {"vllm_mode": "server", "vllm_server_base_url": url, "junior_probability": 0.5, "top_k": 8}
+        result, _ = _train(tmp_path / "sound", tied_llama, max_steps=1, engine_check="raise", **server)
+        ((mean, top),) = _figures(result["log_history"])
+        assert mean < 1e-5 and top < 1e-4, (mean, top)
+        result, _ = _train(tmp_path / "modified", tied_llama, "modified_model", max_steps=1, **server)
+        assert "built" not in result and "junior does not compute the senior's initial function" in result["error"]
+
+
+def test_a_dummy_load_is_refused_before_anything_is_built():
+    """``load_format="dummy"`` never runs the initial load that loads the junior: refused where the model is built."""
+    from types import SimpleNamespace
+
+    from tandem_grpo.vllm.model import TandemForCausalLM
+
+    config = SimpleNamespace(model_config=SimpleNamespace(hf_config=SimpleNamespace()),
+                             load_config=SimpleNamespace(load_format="dummy"))  # fmt: skip
+    with pytest.raises(ValueError, match="cannot start with load_format='dummy'.*default load format"):
+        TandemForCausalLM(vllm_config=config)
