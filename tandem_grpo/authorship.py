@@ -56,3 +56,26 @@ def authorship_counts(authorship: list[list[int]], unit_starts: list[list[bool]]
         junior_units += sum(1 for a, s in zip(row, starts, strict=False) if s and a == 0)
         handoffs += sum(1 for a, b in zip(row, row[1:], strict=False) if a != b)
     return [senior, tokens, junior_units, units, handoffs, len(authorship)]
+
+
+def log_authorship(trainer, completion_ids: list[list[int]], authorship: list[list[int]], unit_starts) -> None:
+    """Append a batch's ``tandem/senior_token_fraction``, ``tandem/junior_unit_fraction`` and
+    ``tandem/handoffs_per_completion`` (summed over processes) to ``trainer``'s TRL metrics, and with
+    ``log_completions`` the completions table's ``authorship`` column (the junior's words in ⟦…⟧)."""
+    import torch
+
+    mode = "train" if trainer.model.training else "eval"
+    stats = torch.tensor(authorship_counts(authorship, unit_starts), dtype=torch.float64,
+                         device=trainer.accelerator.device)  # fmt: skip
+    senior, tokens, junior_units, units, handoffs, count = (
+        trainer.accelerator.gather(stats).view(-1, 6).sum(0).tolist()
+    )
+    trainer._metrics[mode]["tandem/senior_token_fraction"].append(senior / max(tokens, 1))
+    trainer._metrics[mode]["tandem/junior_unit_fraction"].append(junior_units / max(units, 1))
+    trainer._metrics[mode]["tandem/handoffs_per_completion"].append(handoffs / max(count, 1))
+    if trainer.log_completions:
+        marked = [
+            mark_junior_text(authorship_spans(ids, row, trainer.processing_class))
+            for ids, row in zip(completion_ids, authorship, strict=True)
+        ]
+        trainer._log_completion_extra("authorship", marked)

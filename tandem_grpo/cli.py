@@ -1,4 +1,5 @@
-"""The ``tandem-grpo`` console script: ``tandem-grpo evaluate ...`` and ``tandem-grpo vllm-serve ...``."""
+"""The ``tandem-grpo`` console script: ``tandem-grpo evaluate ...``, ``tandem-grpo vllm-serve ...`` and
+``tandem-grpo check ...``."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def usage_errors(prog: str) -> Iterator[None]:
 COMMANDS = {
     "evaluate": ("tandem_grpo.evaluation.cli", "Measure solo pass@k, handoff robustness, drift and legibility."),
     "vllm-serve": ("tandem_grpo.vllm.serve", "Start a vLLM server hosting the senior and the junior (server mode)."),
+    "check": ("tandem_grpo.vllm.check_command", "Check the tandem engine against transformers on this machine."),
 }
 
 

@@ -34,6 +34,13 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
             Default ``False``.
         tandem_eval_rollouts (bool): co-generate the rollouts of ``evaluate()`` too (default ``False``: the
             senior's alone, so ``eval_reward`` is the model's own score); never from the training coin stream.
+        engine_check (str): what happens when the rollout engine disagrees with the trainer
+            ([`tandem_grpo.engine_check`][tandem_grpo.engine_check]): ``"warn"`` (default: one warning naming the
+            likely causes, the figures logged every step), ``"raise"`` (stop before the optimizer step), ``"off"``.
+            A junior or a weight sync found wrong raises under both ``"warn"`` and ``"raise"``.
+        engine_check_tolerance (float | None): the largest mean ``|engine - trainer|`` log-probability (nats) that
+            passes; the largest single token may differ by 100 times it. ``None`` (default): by dtype
+            ([`ENGINE_CHECK_TOLERANCES`][tandem_grpo.engine_check.ENGINE_CHECK_TOLERANCES]).
 
     Raises:
         ValueError: a field outside its range, naming it; or ``num_generations`` does not divide the completions
@@ -70,6 +77,19 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
         },
     )
 
+    engine_check: str = field(
+        default="warn",
+        metadata={
+            "help": "When the rollout engine disagrees with the trainer: 'warn' (default), 'raise' (stop before the "
+            "optimizer step) or 'off'.",
+            "choices": ["warn", "raise", "off"],
+        },
+    )
+    engine_check_tolerance: float | None = field(
+        default=None,
+        metadata={"help": "Largest mean |engine - trainer| log-prob (nats) that passes; default: by dtype."},
+    )
+
     def __post_init__(self) -> None:
         # The handoff settings are checked by HandoffSettings.__post_init__, the next in the MRO (super() below).
         weight = self.junior_token_loss_weight
@@ -88,6 +108,12 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
         if self.max_completion_length is not None and self.max_completion_length < 1:
             # GRPOConfig accepts 0 and generation then fails after the models load.
             raise ValueError(f"max_completion_length={self.max_completion_length!r} must be >= 1 (tokens).")
+        if self.engine_check not in ("warn", "raise", "off"):
+            raise ValueError(f"engine_check={self.engine_check!r} must be 'warn', 'raise' or 'off'.")
+        tolerance = self.engine_check_tolerance
+        if tolerance is not None and (isinstance(tolerance, bool) or not isinstance(tolerance, (int, float)) or
+                                      not tolerance > 0):  # fmt: skip
+            raise ValueError(f"engine_check_tolerance={tolerance!r} must be a number > 0 (nats), or None.")
         if self.junior_model_name_or_path is not None and not str(self.junior_model_name_or_path).strip():
             raise ValueError("junior_model_name_or_path='' is empty; pass a model id or path, or None.")
         truncation = _truncation(self)

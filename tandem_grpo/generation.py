@@ -28,6 +28,7 @@ from .handoff import (
     boundary_mask,
     init_state,
     mixture_logprobs,
+    senior_token_terms,
 )
 from .model_calls import Forward, co_generation_forward
 from .rollout import Rollout
@@ -81,7 +82,8 @@ def tandem_generate(
 
     Returns:
         A [`Rollout`][tandem_grpo.rollout.Rollout]: completions up to and including the first EOS (at most
-        ``max_new_tokens``), authorship, unit starts, ``log p_s(B)`` coefficients and ``seeds``; no log-probs.
+        ``max_new_tokens``), authorship, unit starts, ``log p_s(B)`` coefficients, ``seeds`` and the senior's score
+        terms (``senior_logprobs``, at the sampling temperature and repetition penalty); no mixture log-probs.
 
     Raises:
         ValueError: a model's logits are narrower than the ``V`` ids of ``tables``, or neither ``tables`` nor
@@ -154,13 +156,15 @@ def _decode(
     while True:  # exactly one `all_done` per pass: under `synced` every process makes the same calls
         step_ids = pad_ids
         if not done:
-            mixed = next_token_logprobs(senior_logits, junior_logits, state, tables, rule, sampling, history)
+            logits = (senior_logits, junior_logits)
+            mixed, senior_lp, boundary = _next_token(*logits, state, tables, rule, sampling, history)
             token = torch.multinomial(torch.softmax(mixed, dim=-1), 1, generator=generator).squeeze(1)
             token = torch.where(finished, pad_token_id, token)
             before = state
             state, author, start = advance(state, token, tables, rule)
             coef = boundary_coefficients(before, author, start, tables, rule)
-            written.append(token, author, start, coef, alive=~finished)
+            term = _senior_term(senior_lp, boundary, token, author, coef)
+            written.append(token, author, start, coef, term, alive=~finished)
             finished = finished | tables.is_eos[token]
             done = bool(finished.all()) or len(written) >= max_new_tokens
             step_ids = token.unsqueeze(1)
@@ -199,11 +203,31 @@ def next_token_logprobs(
     Returns:
         float ``[B, V]``: normalized log-probabilities, ``-inf`` where the token cannot be drawn.
     """
+    return _next_token(senior_logits, junior_logits, state, tables, rule, sampling, history)[0]
+
+
+def _next_token(senior_logits, junior_logits, state, tables, rule, sampling, history):
+    """[`next_token_logprobs`][tandem_grpo.generation.next_token_logprobs]'s result, the senior's log-probabilities
+    ``[B, V]`` (penalty and temperature applied) and the boundary mask ``[B, V]`` it mixed with."""
     width = tables.vocab_size
     steps = _per_model_steps(sampling)
     senior_lp = torch.log_softmax(steps(history, senior_logits[:, :width]), dim=-1)
     junior_lp = torch.log_softmax(steps(history, junior_logits[:, :width]), dim=-1)
-    return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary_mask(state, tables, rule)))
+    boundary = boundary_mask(state, tables, rule)
+    return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary)), senior_lp, boundary
+
+
+def _senior_term(senior_lp, boundary, token, author, coef) -> torch.Tensor:
+    """The senior's score term of each drawn token ``[B]``
+    ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms], over the whole vocabulary), ``NaN`` where the
+    senior has none: what the trainer's loss recomputes, kept so that the trainer can check its loss against the
+    loop (``tandem_grpo.engine_check``)."""
+    token_lp = senior_lp.gather(1, token.unsqueeze(1)).squeeze(1)
+    b_lp = torch.zeros_like(token_lp)
+    if bool(coef.any()):  # "whole_unit" handoffs: log p_s(B)
+        b_lp = torch.logsumexp(senior_lp.masked_fill(~boundary, float("-inf")), dim=-1)
+    terms, involved = senior_token_terms(token_lp, b_lp, author, coef)
+    return torch.where(involved, terms, torch.full_like(terms, float("nan")))
 
 
 def _per_model_steps(sampling: SamplingSettings) -> LogitsProcessorList:
@@ -262,24 +286,27 @@ class _Written:
     authors: list[torch.Tensor] = field(default_factory=list)
     starts: list[torch.Tensor] = field(default_factory=list)
     coefs: list[torch.Tensor] = field(default_factory=list)
+    terms: list[torch.Tensor] = field(default_factory=list)
     alive: list[torch.Tensor] = field(default_factory=list)
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def append(self, token, author, start, coef, *, alive) -> None:
+    def append(self, token, author, start, coef, term, *, alive) -> None:
         self.tokens.append(token)
         self.authors.append(author)
         self.starts.append(start)
         self.coefs.append(coef)
+        self.terms.append(term)
         self.alive.append(alive)
 
     def rollout(self, batch: int, seeds: list[int]) -> Rollout:
         """The rollout of ``batch`` rows: each row cut after its EOS."""
         if not self.tokens:
-            return Rollout([[] for _ in range(batch)], [[] for _ in range(batch)], [[] for _ in range(batch)],
-                           [[] for _ in range(batch)], seeds)  # fmt: skip
+            empty = [[] for _ in range(batch)]
+            return Rollout(empty, empty, empty, empty, seeds, senior_logprobs=empty)
         lengths = torch.stack(self.alive, dim=1).sum(dim=1).tolist()
         ids = [row[:n] for row, n in zip(torch.stack(self.tokens, dim=1).tolist(), lengths, strict=True)]
         steps = (torch.stack(self.authors, dim=1), torch.stack(self.starts, dim=1), torch.stack(self.coefs, dim=1))
-        return Rollout.from_trace(ids, HandoffTrace(*steps), seeds)
+        terms = [row[: len(i)] for row, i in zip(torch.stack(self.terms, dim=1).float().tolist(), ids, strict=True)]
+        return Rollout.from_trace(ids, HandoffTrace(*steps), seeds, senior_logprobs=terms)

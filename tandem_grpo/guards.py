@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-__all__ = ["NON_FINITE_ADVICE", "check_reward_output", "checked_reward_func", "require_finite_logprobs"]
+__all__ = [
+    "NON_FINITE_ADVICE",
+    "check_reward_output",
+    "checked_reward_func",
+    "require_finite_logprobs",
+    "require_finite_loss",
+    "require_finite_weights",
+]
 
 NON_FINITE_ADVICE = (
     "Try a lower learning_rate, max_grad_norm=1.0, bf16 instead of fp16 (or fp32), and check that every reward "
@@ -135,4 +142,36 @@ def require_finite_logprobs(logprobs: torch.Tensor, model: str) -> None:
         raise FloatingPointError(
             f"The {model}'s logits are not finite (NaN or +inf) in rows {rows[:8]} of this generation step, so no "
             f"token can be drawn.{frozen} {NON_FINITE_ADVICE}"
+        )
+
+
+def require_finite_loss(trainer, loss: torch.Tensor) -> None:
+    """Stop before the optimizer applies NaN gradients: transformers would log the loss as 0 through
+    ``logging_nan_inf_filter`` and the next rollout would crash on NaN weights. Gathered, so every rank stops.
+
+    Raises:
+        FloatingPointError: some rank's loss is not finite, naming the optimizer step and the ranks.
+    """
+    losses = trainer.accelerator.gather(loss.detach().float().reshape(1))
+    if not bool(torch.isfinite(losses).all()):
+        ranks = (~torch.isfinite(losses)).nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"Optimizer step {trainer.state.global_step + 1}: the senior's loss is {losses[ranks[0]].item()} (rank "
+            f"{ranks}). Training stopped before the optimizer step, so the weights and the last checkpoint are "
+            f"unchanged. {NON_FINITE_ADVICE}"
+        )
+
+
+def require_finite_weights(trainer) -> None:
+    """Refuse to write a checkpoint of non-finite weights over the last good one (checked on every rank).
+
+    Raises:
+        FloatingPointError: some rank's senior holds NaN or inf.
+    """
+    local = all(bool(torch.isfinite(p).all()) for p in trainer.model.parameters() if p.numel())
+    flags = trainer.accelerator.gather(torch.tensor([float(local)], device=trainer.accelerator.device))
+    if not bool(flags.all()):
+        raise FloatingPointError(
+            f"Optimizer step {trainer.state.global_step}: the senior's weights hold NaN or inf; not writing a "
+            f"checkpoint over the last good one. {NON_FINITE_ADVICE}"
         )

@@ -226,14 +226,23 @@ PROBE_LENGTH = 12
 results [`same_function`][tandem_grpo.junior.same_function] compares (any ids below the vocab work)."""
 
 
+def probe_ids(vocab_size: int) -> list[int]:
+    """The probe sequence: ``PROBE_LENGTH`` fixed token ids below ``vocab_size``."""
+    return [(k * 7919 + 11) % max(vocab_size, 1) for k in range(PROBE_LENGTH)]
+
+
 @torch.no_grad()
 def probe_logits(
-    model, vocab_size: int, context: Callable[[], contextlib.AbstractContextManager] | None = None
+    model,
+    vocab_size: int,
+    context: Callable[[], contextlib.AbstractContextManager] | None = None,
+    ids: list[int] | None = None,
 ) -> torch.Tensor:
-    """Float32 logits ``[1, PROBE_LENGTH, V]`` of ``model`` in eval mode on a fixed token sequence, inside
-    ``context`` (e.g. ``senior.disable_adapter``); the train/eval mode is restored."""
+    """Float32 logits ``[1, L, V]`` of ``model`` in eval mode on ``ids`` (default: the ``PROBE_LENGTH`` ids of
+    ``probe_ids(vocab_size)``), inside ``context`` (e.g. ``senior.disable_adapter``); the train/eval mode is
+    restored."""
     device = next(model.parameters()).device
-    ids = (torch.arange(PROBE_LENGTH, device=device) * 7919 + 11) % max(vocab_size, 1)
+    ids = torch.tensor(probe_ids(vocab_size) if ids is None else ids, device=device)
     was_training = model.training
     model.eval()
     try:

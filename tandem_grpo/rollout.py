@@ -30,9 +30,10 @@ class Rollout:
         unit_starts: the token began a new unit.
         boundary_coef: in {-1, 0, 1}, see [`boundary_coefficients`][tandem_grpo.handoff.boundary_coefficients].
         seeds: the ``B`` coin-stream seeds the completions were drawn with.
-        senior_logprobs: the senior's exact score term of each token at the sampling temperature
-            ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms], less the log of the mass truncation
-            kept), ``NaN`` on junior tokens without one; from the vLLM engine, ``None`` otherwise.
+        senior_logprobs: the senior's exact score term of each token at the sampling temperature, over the whole
+            vocabulary (no truncation: what the trainer's loss recomputes;
+            [`senior_token_terms`][tandem_grpo.handoff.senior_token_terms]), ``NaN`` on junior tokens without one;
+            from the vLLM engine and the transformers loop.
         mixture_logprobs: ``log P`` of each token under the (truncated) mixture, where the generator returned it
             (the vLLM engine; ``None`` otherwise).
 

@@ -167,6 +167,26 @@ def truncate_logprobs(
     Returns:
         float ``[B, V]``: normalized log-probabilities of the truncated distribution, ``-inf`` on dropped tokens.
     """
+    return torch.log_softmax(_masked(logprobs, top_k, top_p, min_p), dim=-1)
+
+
+def truncate_with_kept_mass(
+    logprobs: torch.Tensor,
+    top_k: int | torch.Tensor = 0,
+    top_p: float | torch.Tensor = 1.0,
+    min_p: float | torch.Tensor = 0.0,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] and ``log Z``, float ``[B]``: the log of the
+    mass ``logprobs`` (normalized) puts on the tokens the truncation keeps; ``None`` when no setting is on (``Z = 1``).
+    A kept token's truncated log-probability plus ``log Z`` is its log-probability over the whole vocabulary."""
+    masked = _masked(logprobs, top_k, top_p, min_p)
+    kept = None if masked is logprobs else torch.logsumexp(masked, dim=-1)
+    return torch.log_softmax(masked, dim=-1), kept
+
+
+def _masked(logprobs: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
+    """``logprobs`` with ``-inf`` on the tokens the truncation drops, not renormalized (``logprobs`` itself, the same
+    object, when no setting is on)."""
     rows, width = logprobs.shape
     out = logprobs
     if _on(top_k, lambda k: (k > 0) & (k < width)):
@@ -189,7 +209,7 @@ def truncate_logprobs(
         use_m = m > 0.0
         threshold = out.amax(dim=-1, keepdim=True) + torch.log(m.clamp(min=1e-30)).unsqueeze(1)
         out = out.masked_fill(use_m.unsqueeze(1) & (out < threshold), float("-inf"))
-    return torch.log_softmax(out, dim=-1)
+    return out
 
 
 def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:

@@ -29,11 +29,12 @@ from trl.models import unwrap_model_for_generation
 from trl.trainer.utils import get_config_model_id, pad
 
 from ._compat import check_trl_version, silence_trl_deprecations
-from .authorship import authorship_counts, authorship_spans, mark_junior_text
+from .authorship import log_authorship
 from .checkpointing import ResumeFromCompleteCheckpoint
 from .config import TandemGRPOConfig
+from .engine_check import EngineCheck
 from .generation import tandem_generate
-from .guards import NON_FINITE_ADVICE, checked_reward_func
+from .guards import NON_FINITE_ADVICE, checked_reward_func, require_finite_loss, require_finite_weights
 from .handoff import BoundaryTables
 from .junior import (
     check_junior_vocabulary,
@@ -49,6 +50,10 @@ from .rewards import pop_verify_counts
 from .rollout import Rollout
 from .sampling import COIN_SEED_MASK, SamplingSettings, rollout_seed, sampling_from_generation_kwargs
 from .whole_unit import WholeUnitTerms, check_whole_unit_supported
+
+_NEUTRAL = {"old_per_token_logps": 0.0, "ref_per_token_logps": 0.0, "sampling_per_token_logps": 0.0,
+            "importance_sampling_ratio": 1.0}  # fmt: skip
+"""The value each per-token entry of TRL's batch takes where the loss ignores the token (``_compute_loss``)."""
 
 
 def _co_generates(args: TandemGRPOConfig) -> bool:
@@ -232,6 +237,9 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             self.ref_model = junior_as_reference(self, junior_path)
         elif co_generates and not self.use_vllm:
             self.junior, self._junior_context = choose_junior(self, junior_path)
+        # The engine the rollouts come from, checked against this trainer (tandem_grpo.engine_check).
+        self._engine_check = EngineCheck(self)
+        self._engine_check.start()
 
     def _is_zero3(self) -> bool:
         return is_zero3(self)
@@ -334,6 +342,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     def _generate(self, prompts):
         self._rollout = None
         prompt_ids, completion_ids, tool_mask, *rest = super()._generate(prompts)
+        self._engine_check.generated()
         rollout = self._rollout
         if rollout is None:
             # The senior wrote every token (junior_probability 0, the KL ablation, solo evaluation): log that too, so
@@ -366,25 +375,8 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             return super()._generate_and_score_completions(inputs)
         return self._whole_unit.generate_and_score(super()._generate_and_score_completions, inputs)
 
-    def _log_tandem_metrics(
-        self, completion_ids: list[list[int]], authorship: list[list[int]], unit_starts: list[list[bool]]
-    ) -> None:
-        mode = "train" if self.model.training else "eval"
-        stats = torch.tensor(
-            authorship_counts(authorship, unit_starts), dtype=torch.float64, device=self.accelerator.device
-        )
-        senior, tokens, junior_units, units, handoffs, count = (
-            self.accelerator.gather(stats).view(-1, 6).sum(0).tolist()
-        )
-        self._metrics[mode]["tandem/senior_token_fraction"].append(senior / max(tokens, 1))
-        self._metrics[mode]["tandem/junior_unit_fraction"].append(junior_units / max(units, 1))
-        self._metrics[mode]["tandem/handoffs_per_completion"].append(handoffs / max(count, 1))
-        if self.log_completions:
-            marked = [
-                mark_junior_text(authorship_spans(ids, row, self.processing_class))
-                for ids, row in zip(completion_ids, authorship, strict=True)
-            ]
-            self._log_completion_extra("authorship", marked)
+    def _log_tandem_metrics(self, completion_ids, authorship, unit_starts) -> None:
+        log_authorship(self, completion_ids, authorship, unit_starts)
 
     def _calculate_rewards(self, inputs, prompts, completions, completion_ids_list):
         rewards = super()._calculate_rewards(inputs, prompts, completions, completion_ids_list)
@@ -432,15 +424,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
                 f"Optimizer step {self.state.global_step + 1}, loss: the senior's log-probabilities of its own tokens "
                 f"are NaN (its logits hold NaN or +inf), before any weight update of this step. {NON_FINITE_ADVICE}"
             )
+        self._engine_check.at_loss(logps, keep, inputs)
         logps = torch.where(keep, logps, torch.zeros_like(logps))
         if entropies is not None:
             entropies = torch.where(keep, entropies, torch.zeros_like(entropies))
-        for key, neutral in (
-            ("old_per_token_logps", 0.0),
-            ("ref_per_token_logps", 0.0),
-            ("sampling_per_token_logps", 0.0),
-            ("importance_sampling_ratio", 1.0),
-        ):
+        for key, neutral in _NEUTRAL.items():
             value = inputs.get(key)
             if isinstance(value, torch.Tensor) and value.shape == keep.shape:
                 inputs[key] = torch.where(keep, value, torch.full_like(value, neutral))
@@ -448,26 +436,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
 
     def training_step(self, model, inputs, num_items_in_batch):
         loss = super().training_step(model, inputs, num_items_in_batch)
-        # Stop before the optimizer applies NaN gradients (transformers would log the loss as 0 through
-        # logging_nan_inf_filter and the next rollout would crash on NaN weights). Gathered, so every rank stops.
-        losses = self.accelerator.gather(loss.detach().float().reshape(1))
-        if not bool(torch.isfinite(losses).all()):
-            ranks = (~torch.isfinite(losses)).nonzero().flatten().tolist()
-            raise FloatingPointError(
-                f"Optimizer step {self.state.global_step + 1}: the senior's loss is {losses[ranks[0]].item()} (rank "
-                f"{ranks}). Training stopped before the optimizer step, so the weights and the last checkpoint are "
-                f"unchanged. {NON_FINITE_ADVICE}"
-            )
+        require_finite_loss(self, loss)
         return loss
 
     def _save_checkpoint(self, model, trial):
-        local = all(bool(torch.isfinite(p).all()) for p in self.model.parameters() if p.numel())
-        flags = self.accelerator.gather(torch.tensor([float(local)], device=self.accelerator.device))
-        if not bool(flags.all()):
-            raise FloatingPointError(
-                f"Optimizer step {self.state.global_step}: the senior's weights hold NaN or inf; not writing a "
-                f"checkpoint over the last good one. {NON_FINITE_ADVICE}"
-            )
+        require_finite_weights(self)
         return super()._save_checkpoint(model, trial)
 
     def create_model_card(self, model_name=None, dataset_name=None, tags=None):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from conftest import TINY_VOCAB, build_tiny_model
 
 from tandem_grpo.generation import tandem_generate
-from tandem_grpo.handoff import BoundaryTables, HandoffRule
+from tandem_grpo.handoff import BoundaryTables, HandoffRule, boundary_logprobs, senior_token_terms, unit_start_ids
 from tandem_grpo.rollout import Rollout
 
 
@@ -36,13 +37,42 @@ def test_the_decode_loop_records_what_a_replay_rebuilds(tiny_tokenizer, tables, 
     out = _generate(tiny_tokenizer, tables, rule)
     assert out.seeds == list(range(50, 74))
     replayed = Rollout.replay(out.completion_ids, out.seeds, rule, tables)
-    assert out == replayed
+    assert dataclasses.replace(out, senior_logprobs=None) == replayed
     coefs = [c for row in out.boundary_coef for c in row]
     if mode == "whole_unit":
         assert {-1, 1} <= set(coefs), "handoffs both ways must occur for the comparison to mean something"
     else:
         assert set(coefs) == {0}
-    assert out.senior_logprobs is None and out.mixture_logprobs is None
+    assert out.mixture_logprobs is None
+
+
+@pytest.mark.parametrize("mode", ["after_boundary", "whole_unit"])
+def test_the_decode_loop_keeps_the_seniors_terms(tiny_tokenizer, tables, mode):
+    """The loop's ``senior_logprobs`` are what the trainer's loss recomputes along its tokens
+    (``handoff.senior_token_terms`` of the senior's own log-probs: ``log p_s(x)``, less ``log p_s(B)`` where the
+    senior took a unit over, ``log p_s(B)`` alone on a junior token it handed over), NaN on other junior tokens: the
+    trainer's engine check compares the two."""
+    rule = HandoffRule("word", 0.5, 32, mode)
+    out = _generate(tiny_tokenizer, tables, rule)
+    tiny_tokenizer.padding_side = "left"
+    prompts = tiny_tokenizer(["ab c", "d", "e f.\ng"] * 8).input_ids
+    senior = build_tiny_model(0)
+    starts = unit_start_ids(tables, rule) if mode == "whole_unit" else torch.ones(len(TINY_VOCAB), dtype=torch.bool)
+    checked = 0
+    for prompt, ids, authors, coefs, terms in zip(prompts, out.completion_ids, out.authorship, out.boundary_coef,
+                                                  out.senior_logprobs, strict=True):  # fmt: skip
+        with torch.no_grad():
+            logprobs = torch.log_softmax(senior(torch.tensor([prompt + ids])).logits[0, len(prompt) - 1 : -1], -1)
+        token_lp = logprobs.gather(1, torch.tensor(ids).unsqueeze(1))[:, 0]
+        expected, involved = senior_token_terms(token_lp, boundary_logprobs(logprobs, starts),
+                                                torch.tensor(authors), torch.tensor(coefs))  # fmt: skip
+        for t, term in enumerate(terms):
+            if not involved[t]:
+                assert math.isnan(term)
+                continue
+            assert term == pytest.approx(expected[t].item(), abs=1e-4), (t, coefs[t])
+            checked += 1
+    assert checked > 20
 
 
 def test_replay_takes_one_rule_per_completion(tiny_tokenizer, tables):

@@ -13,6 +13,7 @@ distribution ([`next_token_logprobs`][tandem_grpo.generation.next_token_logprobs
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import defaultdict
 from types import SimpleNamespace
@@ -239,7 +240,14 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
                                        sampling, history)  # fmt: skip
             torch.testing.assert_close(out[row, :vocab], want[0], atol=1e-5, rtol=1e-5)
             assert bool(torch.isinf(out[row, vocab:]).all())
-            if rule.mode == "whole_unit":  # the records' definitions (tandem_grpo.vllm.side_records)
+            # The records' definitions (tandem_grpo.vllm.side_records): log Z, the untruncated mixture's mass on
+            # what the truncation kept, plus under "whole_unit" -log p_j(B) where the junior may hand over.
+            untruncated = dataclasses.replace(sampling, top_k=0, top_p=1.0, min_p=0.0)
+            full = next_token_logprobs(senior_raw[row : row + 1], junior_raw[row : row + 1], state, tables, rule,
+                                       untruncated, history)[0]  # fmt: skip
+            kept = torch.logsumexp(full[torch.isfinite(want[0])], 0).item()
+            expected_records[uid][len(outputs)] = (kept, math.nan)
+            if rule.mode == "whole_unit":
                 temperature = sampling.temperature
                 penalized = given[row : row + 1, :vocab]
                 junior_in = junior_raw[row : row + 1, :vocab]
@@ -253,7 +261,7 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
                 to_senior = int(state.next_owner[0]) == 1
                 c = -torch.logsumexp(junior_lp[b[0]], 0).item() if switching and to_senior else 0.0
                 h = torch.logsumexp(senior_lp[b[0]], 0).item() if switching and not to_senior else math.nan
-                expected_records[uid][len(outputs)] = (c, h)
+                expected_records[uid][len(outputs)] = (c + kept, h)
             tokens.append(int(torch.multinomial(torch.softmax(want[0], -1), 1, generator=generator)))
         runner.commit(order, torch.tensor(tokens))
 
@@ -265,7 +273,11 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
         authors, _ = replay_authorship(torch.tensor([outputs]), torch.tensor([seed]), tables, rule)
         assert records[uid]["authors"] == authors[0, :-1].tolist(), uid  # the last token is never advanced over
         for position, (c, h) in expected_records[uid].items():
-            assert records[uid]["corrections"][position] == pytest.approx(c, abs=1e-5), (uid, position)
+            corrections = records[uid]["corrections"]  # a record ends where nothing more was written: 0 past it
+            got = corrections[position] if position < len(corrections) else 0.0
+            assert got == pytest.approx(c, abs=1e-5), (uid, position)
+            if math.isnan(h) and position >= len(records[uid]["handovers"]):
+                continue
             got = records[uid]["handovers"][position]
             assert (got is None and math.isnan(h)) or got == pytest.approx(h, abs=1e-5), (uid, position)
     assert pop_records(list(finished)) == {uid: None for uid in finished}

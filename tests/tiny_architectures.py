@@ -133,3 +133,24 @@ def reward_model(seed: int = 5, family: str = "qwen2"):
     model_class = getattr(transformers, f"{prefix}ForSequenceClassification")
     torch.manual_seed(seed)
     return model_class(config_class(**_COMMON, **_ATTENTION, intermediate_size=32, num_labels=1)).eval()
+
+
+VLLM_SHAPED = ("llama", "qwen2", "qwen3")
+"""The architectures [`vllm_shaped`][] builds: vLLM's own model classes of the three families most users train."""
+
+
+def vllm_shaped(family: str, seed: int, tied: bool):
+    """A tiny random ``family`` model (``VLLM_SHAPED``) that vLLM's CPU backend runs (head size 32, hidden 64),
+    with its output head tied to the input embedding or not, sharpened as the others."""
+    import transformers
+
+    prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    config = getattr(transformers, f"{prefix}Config")(
+        **{**_COMMON, "tie_word_embeddings": tied}, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, num_hidden_layers=2, intermediate_size=64,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    model = getattr(transformers, f"{prefix}ForCausalLM")(config)
+    with torch.no_grad():  # sharper logits; a tied head is sharp already (each token's embedding scores itself)
+        model.get_output_embeddings().weight.mul_(2 if tied else 8)
+    return model.eval()

@@ -115,6 +115,14 @@ class TandemForCausalLM(nn.Module):
 
         model_config = vllm_config.model_config
         hf_config = model_config.hf_config
+        load_format = str(getattr(getattr(vllm_config, "load_config", None), "load_format", "auto"))
+        if load_format.lower().endswith("dummy"):
+            # The junior is loaded (or copied from the senior) by the initial `load_weights`, which a dummy load
+            # never calls: the first weight sync would be taken for it and the junior left random or half-copied.
+            raise ValueError(
+                f"The tandem engine cannot start with load_format={load_format!r}: the junior is loaded by the "
+                "engine's initial weight load, which a dummy load skips. Use the default load format ('auto')."
+            )
         architectures = list(getattr(hf_config, "tandem_architectures", None) or [])
         if not architectures:
             raise ValueError(
@@ -153,6 +161,10 @@ class TandemForCausalLM(nn.Module):
         self.solo: str | None = None
         self._model_config = model_config
         self._initial_load_done = False
+        # Senior parameter names (vLLM's) the initial load filled, and those every later load filled since the last
+        # `sync_coverage` (weight syncs, whatever their path).
+        self._senior_names: set[str] = set()
+        self._synced_names: set[str] = set()
         for param in self.junior.parameters():
             param.requires_grad_(False)
 
@@ -216,10 +228,13 @@ class TandemForCausalLM(nn.Module):
         Raises:
             ValueError: a ``junior.``-prefixed name after the initial load (the junior is frozen).
         """
-        loaded = {f"{SENIOR_PREFIX}.{name}" for name in self.senior.load_weights(self._senior_names(weights))}
+        names = set(self.senior.load_weights(self._senior_weights(weights)))
+        loaded = {f"{SENIOR_PREFIX}.{name}" for name in names}
         if self._initial_load_done:
+            self._synced_names |= names
             return loaded
         self._initial_load_done = True
+        self._senior_names = names
         if self.junior_path is not None:
             junior_loaded = self.junior.load_weights(iter_checkpoint(self.junior_path))
         else:
@@ -239,13 +254,22 @@ class TandemForCausalLM(nn.Module):
         """
         return reload_in_place(self.senior, self._model_config, self.load_weights, weights)
 
-    def _senior_names(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
+    def _senior_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> Iterator[tuple[str, torch.Tensor]]:
         for name, tensor in weights:
             if name.startswith(f"{JUNIOR_PREFIX}."):
                 if self._initial_load_done:
                     raise ValueError(f"Refusing to load {name!r}: the junior model is frozen.")
                 continue
             yield name.removeprefix(f"{SENIOR_PREFIX}."), tensor
+
+    def sync_coverage(self) -> list[str]:
+        """The senior parameters (vLLM's names, e.g. ``model.layers.0.self_attn.qkv_proj.weight``) that the initial
+        load filled and no load since the last call did, sorted; the record then starts afresh. Called after a weight
+        sync: a name listed here kept its old value (vLLM only logs a warning for a layer that received nothing). A
+        fused parameter counts as filled when any of its parts arrived."""
+        missing = sorted(self._senior_names - self._synced_names)
+        self._synced_names = set()
+        return missing
 
     def reload_junior(self, weights: Iterable[tuple[str, torch.Tensor]]) -> set[str]:
         """Load checkpoint-format weights (HF names, no prefix) into the running engine's junior, through the same

@@ -56,7 +56,7 @@ from ..handoff import (
     nonfinite_flags,
     raise_nonfinite,
 )
-from ..sampling import SamplingSettings, truncate_logprobs
+from ..sampling import SamplingSettings, truncate_with_kept_mass
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from ._tables import engine_boundary_tables
@@ -415,6 +415,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         sync = "masked" if whole_unit else "none"
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy=sync)
 
+        corrections, cells = None, None
         if whole_unit:
             # Rows where B is a proper subset and the owner may change: there the senior's term differs from vLLM's
             # log P (module docstring). Under "after_boundary" there are none: the records keep their 0 / NaN.
@@ -426,16 +427,23 @@ class TandemLogitsProcessor(LogitsProcessor):
             zero = torch.zeros_like(junior_b)
             corrections = torch.where(into_senior & torch.isfinite(junior_b), -junior_b, zero)
             handovers = torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan))
-            rows = torch.arange(len(self._live), device=device)[group.slots]
-            cols = torch.from_numpy(num_tokens).to(device, non_blocking=True)[group.slots]
-            self._corrections[rows, cols] = corrections.float()
-            self._handovers[rows, cols] = handovers.float()
+            cells = self._cells(group, num_tokens)
+            self._handovers[cells] = handovers.float()
 
-        mixed = truncate_logprobs(mixed, group.top_k, group.top_p, group.min_p)
+        mixed, kept = truncate_with_kept_mass(mixed, group.top_k, group.top_p, group.min_p)
+        if kept is not None:  # + log Z_t: the senior's term over the whole vocabulary (side_records)
+            corrections = kept if corrections is None else corrections + kept
+        if corrections is not None:
+            self._corrections[cells or self._cells(group, num_tokens)] = corrections.float()
         # Ids past the tokenizer (embedding padding) keep probability 0 in what vLLM samples from.
         out = torch.full((index.shape[0], logits.shape[-1]), float("-inf"), dtype=logits.dtype, device=device)
         out[:, :width] = mixed.to(logits.dtype)
         logits.index_copy_(0, index, out)
+
+    def _cells(self, group: _Group, num_tokens: np.ndarray) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(rows, columns)`` of the group's record cells at the positions being sampled."""
+        rows = torch.arange(len(self._live), device=self.device)[group.slots]
+        return rows, torch.from_numpy(num_tokens).to(self.device, non_blocking=True)[group.slots]
 
     @staticmethod
     def _penalize(junior: torch.Tensor, rows: list[_Row]) -> torch.Tensor:

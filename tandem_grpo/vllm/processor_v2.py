@@ -54,7 +54,7 @@ from ..handoff import (
     nonfinite_flags,
     raise_nonfinite,
 )
-from ..sampling import truncate_logprobs
+from ..sampling import truncate_with_kept_mass
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from ._tables import engine_boundary_tables
@@ -379,6 +379,8 @@ class TandemLogitsProcessorV2(LogitsProcessor):
         whole_unit = rule.mode == "whole_unit"
         sync = "masked" if whole_unit else "none"
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy=sync)
+        corrections = None
+        column = outputs.clamp(max=self._corrections.shape[1] - 1)
         if whole_unit:  # the records at the position being sampled (tandem_grpo.vllm.side_records)
             switching = handoff_rows(state, boundary)
             neg_inf = torch.tensor(float("-inf"), dtype=senior_lp.dtype, device=device)
@@ -387,14 +389,16 @@ class TandemLogitsProcessorV2(LogitsProcessor):
             into_senior = switching & (state.next_owner == SENIOR)
             corrections = torch.where(into_senior & torch.isfinite(junior_b), -junior_b, torch.zeros_like(junior_b))
             handovers = torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan))
-            column = outputs.clamp(max=self._corrections.shape[1] - 1)
-            self._corrections[slots, column] = corrections.float()
             self._handovers[slots, column] = handovers.float()
-            self._written[slots] = torch.maximum(self._written[slots], column + 1)
         top_k = _uniform(self._top_k[slots_np], torch.long, device)
         top_p = _uniform(self._top_p[slots_np], torch.float32, device)
         min_p = _uniform(self._min_p[slots_np], torch.float32, device)
-        mixed = truncate_logprobs(mixed, top_k, top_p, min_p)
+        mixed, kept = truncate_with_kept_mass(mixed, top_k, top_p, min_p)
+        if kept is not None:  # + log Z_t: the senior's term over the whole vocabulary (side_records)
+            corrections = kept if corrections is None else corrections + kept
+        if corrections is not None:
+            self._corrections[slots, column] = corrections.float()
+            self._written[slots] = torch.maximum(self._written[slots], column + 1)
         # Ids past the tokenizer (embedding padding) keep probability 0 in what vLLM samples from.
         if whole:
             logits[:, width:] = float("-inf")

@@ -7,14 +7,14 @@ under the truncated mixture ``P' = P / Z_t`` on the kept tokens (``logprobs_mode
 log-softmax of what the processor wrote, since vLLM's own top-k/top-p are off for tandem requests); ``Z_t`` is the
 mixture mass the truncation kept (1 without truncation). The records:
 
-- ``corrections[t]``: ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t`` (``B`` not every
-  token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, so
-  ``log P'(x_t) + c_t = log p_s(x_t) - log p_s(B) - log Z_t``, the senior's term. 0 elsewhere, where a senior token has
-  ``P = p_s`` (every position under the ``after_boundary`` mode).
+- ``corrections[t]``: ``log Z_t``, plus ``-log p_j(B)`` where the unit may pass from the junior to the senior at ``t``
+  (``B`` not every token; ``whole_unit`` only): a senior token there has ``P = p_j(B) p_s(x) / p_s(B)``, elsewhere
+  ``P = p_s`` (every position under the ``after_boundary`` mode), so ``log P'(x_t) + c_t`` is the senior's term over
+  the whole vocabulary, ``log p_s(x_t)`` (less ``log p_s(B)`` at such a handoff): the value the trainer's loss
+  recomputes, so the engine can be checked against it token by token (``tandem_grpo.engine_check``). ``log Z_t`` is
+  one ``logsumexp`` over the truncated row, taken only where truncation is on; 0 where nothing applies.
 - ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
-  only): the senior's whole term when the junior's token is drawn there. ``NaN`` elsewhere. It carries no
-  ``- log Z_t``: under truncation (top-k/top-p/min-p; off by default) TRL's importance ratio at these positions
-  compares the senior's untruncated boundary mass.
+  only): the senior's whole term when the junior's token is drawn there, untruncated. ``NaN`` elsewhere.
 
 A record lives here, on the host, from a request's first step until it is popped; while its request is in a
 processor's batch, the processor's tensors hold the live copy.

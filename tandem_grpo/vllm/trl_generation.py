@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import logging
 import urllib.parse
 from collections.abc import Iterator
 
@@ -48,8 +47,6 @@ from .engine import (
     generate_with_llm,
     select_processor,
 )
-
-logger = logging.getLogger(__name__)
 
 try:  # TRL imports vLLM lazily; the module itself imports without it.
     import trl.generation.vllm_generation as _trl_vllm_generation
@@ -124,6 +121,9 @@ class TandemVLLMGeneration(VLLMGeneration):
         self.rule = rule
         self.junior_model = junior_model
         self.llm_kwargs = dict(llm_kwargs or {})
+        # Set by the trainer (tandem_grpo.engine_check): run once after each weight sync, the engine awake.
+        self.sync_checks = None
+        self._checks_due = False
         super().__init__(*args, **kwargs)
 
     # --- construction ---------------------------------------------------------------------------------------------
@@ -168,12 +168,10 @@ class TandemVLLMGeneration(VLLMGeneration):
             if self.accelerator.is_main_process:
                 info = self.vllm_client.check_tandem()
                 if (self.junior_model is None) != (info.get("junior_path") is None):
-                    logger.warning(
-                        "junior_model_name_or_path=%r but the server's junior is %s; the server's junior is the one "
-                        "that co-generates. Restart the server with `%s` to match.",
-                        self.junior_model,
-                        info.get("junior_path") or "a copy of the senior",
-                        hint,
+                    raise RuntimeError(
+                        f"junior_model_name_or_path={self.junior_model!r} but the server's junior is "
+                        f"{info.get('junior_path') or 'a copy of its senior'}: the server's junior is the one that "
+                        f"would co-generate. Restart the server with `{hint}`."
                     )
         else:
             super()._init_vllm()  # raises TRL's error for an unknown mode
@@ -195,6 +193,7 @@ class TandemVLLMGeneration(VLLMGeneration):
 
     def sync_weights(self) -> None:
         """Push the training model's weights into the senior (module docstring); the junior is never touched."""
+        self._checks_due = True
         if self.mode != "colocate":
             return super().sync_weights()
         self._wake_weights()
@@ -236,17 +235,25 @@ class TandemVLLMGeneration(VLLMGeneration):
             raise ValueError(f"{len(prompt_ids)} prompts but {len(seeds)} seeds: pass one seed per completion.")
         sampling = self.sampling_settings()
         if self.mode == "server":
+            self._run_sync_checks()
             return self._generate_server(prompt_ids, seeds, sampling)
         sleeping = self.enable_sleep_mode
         if sleeping and getattr(self, "_llm_weights_sleeping", False):
             self.sync_weights()  # as TRL's generate: level 2 discarded the senior's weights
         if sleeping:
             self.llm.wake_up(tags=["kv_cache"])
+        self._run_sync_checks()
         rollout = self._generate_colocate(prompt_ids, seeds, sampling)
         if sleeping:
             self.llm.sleep(level=2)
             self._llm_weights_sleeping = True
         return rollout
+
+    def _run_sync_checks(self) -> None:
+        """``sync_checks()`` once after each weight sync (tandem_grpo.engine_check), before the next generation."""
+        if self._checks_due and self.sync_checks is not None:
+            self._checks_due = False
+            self.sync_checks()
 
     def _generate_in_process(self, prompt_ids, seeds, sampling: SamplingSettings):
         return generate_with_llm(
@@ -317,6 +324,7 @@ class SeniorVLLMGeneration(VLLMGeneration):
 
     def __init__(self, *args, llm_kwargs: dict | None = None, **kwargs) -> None:
         self.llm_kwargs = dict(llm_kwargs or {})
+        self.sync_checks = None  # as TandemVLLMGeneration's; called with the names each colocated sync loaded
         super().__init__(*args, **kwargs)
 
     def _init_vllm(self) -> None:
@@ -341,8 +349,10 @@ class SeniorVLLMGeneration(VLLMGeneration):
         model = engine.model_executor.driver_worker.model_runner.model
         # Clones, as in TandemVLLMGeneration.sync_weights.
         weights = ((name, tensor.detach().clone()) for name, tensor in self._iter_named_params())
-        reload_in_place(model, engine.model_config, model.load_weights, weights)
+        loaded = reload_in_place(model, engine.model_config, model.load_weights, weights)
         self.llm.reset_prefix_cache()
+        if self.sync_checks is not None:
+            self.sync_checks(loaded=set(loaded), model=model)
 
 
 def _wake_weights(generation) -> None:

@@ -80,3 +80,14 @@ class TandemWorkerExtension:
         [`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]; return how many
         parameters were loaded."""
         return len(self.model_runner.model.reload_senior(weights))
+
+    def tandem_sync_coverage(self) -> list[str]:
+        """The senior parameters no weight load has filled since the last call
+        ([`TandemForCausalLM.sync_coverage`][tandem_grpo.vllm.model.TandemForCausalLM.sync_coverage])."""
+        return self.model_runner.model.sync_coverage()
+
+    def tandem_set_solo(self, model) -> bool:
+        """Run only ``"senior"`` or ``"junior"`` from the next step on (``""`` or ``None``: both); whether the mode
+        changed ([`TandemForCausalLM.set_solo`][tandem_grpo.vllm.model.TandemForCausalLM.set_solo]: reset the
+        prefix cache after a change)."""
+        return self.model_runner.model.set_solo(str(model) if model else None)
