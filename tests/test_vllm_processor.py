@@ -30,7 +30,7 @@ from tandem_grpo.handoff import (  # noqa: E402
 )
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
-from tandem_grpo.vllm.processor import TandemLogitsProcessor  # noqa: E402
+from tandem_grpo.vllm.processor_v1 import TandemLogitsProcessor  # noqa: E402
 from tandem_grpo.vllm.request_args import TEMPERATURE_KEY, tandem_extra_args  # noqa: E402
 from tandem_grpo.vllm.side_records import STATE_FIELDS, _Record, pack_state, pop_records, unpack_state  # noqa: E402
 

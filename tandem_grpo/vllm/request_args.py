@@ -95,7 +95,7 @@ def sampling_from_params(params: SamplingParams) -> SamplingSettings:
 def validate_tandem_params(params: SamplingParams) -> None:
     """Reject a tandem request whose settings the mixture cannot honour; other requests pass. Runs in vLLM's API
     process, through
-    [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor.validate_params].
+    [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor.validate_params].
 
     Raises:
         ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, a ``SamplingParams.temperature`` other

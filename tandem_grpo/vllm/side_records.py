@@ -65,7 +65,7 @@ class _Record:
 
     While the request is in a processor's batch its state and records live in that processor's tensors and this
     copy is stale; it is brought up to date (in one batch per call) when the request leaves the batch, when its
-    records are popped, and by [`record`][tandem_grpo.vllm.processor.TandemLogitsProcessor.record].
+    records are popped, and by [`record`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor.record].
     """
 
     uid: str
@@ -96,7 +96,7 @@ _RECORDS: OrderedDict[str, _Record] = OrderedDict()
 LOCK = threading.RLock()
 """Held while records move between the processors' tensors and ``_RECORDS``."""
 PROCESSORS: weakref.WeakSet = weakref.WeakSet()
-"""Every live [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] of this process (each adds
+"""Every live [`TandemLogitsProcessor`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor] of this process (each adds
 itself; anything with its ``sync_records(which)``); ``pop_records`` copies their rows out first."""
 
 

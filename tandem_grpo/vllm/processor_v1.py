@@ -116,7 +116,7 @@ class TandemLogitsProcessor(LogitsProcessor):
 
     The rule state of the tandem rows lives in tensors on ``device`` (one row per tandem request, in batch order),
     and so do the side records (authors, corrections, handovers per position). Python work per request happens only
-    when the batch changes ([`update_state`][tandem_grpo.vllm.processor.TandemLogitsProcessor.update_state]: rows
+    when the batch changes ([`update_state`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor.update_state]: rows
     gathered into the new order, records of departed requests copied out in one batch) and on rare steps (a resumed
     request catching up over several tokens, penalties). A plain step reads the lengths of vLLM's output lists and
     their last tokens on the host (vLLM's V1 runner keeps token history only there), copies those to the device and
