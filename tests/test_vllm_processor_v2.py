@@ -309,7 +309,7 @@ def test_v2_requests_come_at_temperature_one():
         )
 
 
-PROCESSOR_FILE = "tandem_grpo/vllm/processor_v2.py"
+PROCESSOR_FILES = tuple(f"tandem_grpo/vllm/{name}.py" for name in ("processor_v2", "mixing", "side_records"))
 _SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
 
 
@@ -330,7 +330,7 @@ def _count_apply(runner: _Runner, order: list[str], vocab: int, monkeypatch) -> 
         monkeypatch.setattr(torch.Tensor, name, counted)
 
     def tracer(frame, event, arg):
-        if event == "line" and frame.f_code.co_filename.endswith(PROCESSOR_FILE):
+        if event == "line" and frame.f_code.co_filename.endswith(PROCESSOR_FILES):
             lines[0] += 1
         return tracer
 
