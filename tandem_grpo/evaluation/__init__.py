@@ -8,7 +8,7 @@ One module per measurement, each with its estimator, interval and null: [`solo`]
 statistics in [`stats`][tandem_grpo.evaluation.stats], and [`runner`][tandem_grpo.evaluation.runner] orchestrates.
 """
 
-from .backends import GenerationBackend, TransformersBackend, create_backend
+from ..backends import GenerationBackend, TransformersBackend, create_backend
 from .config import EvaluationConfig, EvaluationError
 from .junior_legibility import legibility
 from .runner import evaluate

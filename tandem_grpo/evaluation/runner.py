@@ -23,8 +23,8 @@ from pathlib import Path
 
 import torch
 
+from ..backends import create_backend
 from ..sampling import derive_seed
-from .backends import create_backend
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
 from .drift import drift, moved_back
 from .hacks import hack_detectors

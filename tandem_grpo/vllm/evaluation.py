@@ -2,7 +2,7 @@
 [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine] and the
 [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of each model, a
 [`GenerationBackend`][tandem_grpo.backends.GenerationBackend] that the evaluation builds by name
-([`create_backend`][tandem_grpo.evaluation.backends.create_backend] calls
+([`create_backend`][tandem_grpo.backends.create_backend] calls
 [`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend]). Nothing here imports vLLM until an engine is built, nor
 the evaluation ever."""
 
@@ -280,7 +280,7 @@ def vllm_backend(
 ) -> VLLMBackend:
     """The [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of a loaded transformers ``model`` on the
     process's [`shared_engine`][tandem_grpo.vllm.evaluation.shared_engine], which
-    [`create_backend`][tandem_grpo.evaluation.backends.create_backend] returns for ``"vllm"``. The engine is built
+    [`create_backend`][tandem_grpo.backends.create_backend] returns for ``"vllm"``. The engine is built
     (or reused) from the folders ``model`` and ``junior`` were loaded from (their ``name_or_path``) in ``model``'s
     dtype; ``model`` is the junior's backend when its folder is the junior's.
 

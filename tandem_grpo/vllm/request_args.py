@@ -31,7 +31,11 @@ TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
 TEMPERATURE_KEY = "tandem_temperature"
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
+_RULE_KEYS = {"granularity": GRANULARITY_KEY, "junior_probability": PROBABILITY_KEY, "max_gap_tokens": MAX_GAP_KEY,
+              "mode": MODE_KEY}  # fmt: skip
 _DEFAULT_RULE = HandoffRule()  # a key left out of the extra args takes the rule's default (HandoffSettings')
+SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
+"""SamplingParams fields that vLLM applies to the senior's logits alone: a tandem request may not set them."""
 
 
 def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
@@ -51,10 +55,7 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
     return {
         SEED_KEY: int(seed),
         UID_KEY: str(uid),
-        GRANULARITY_KEY: rule.granularity,
-        PROBABILITY_KEY: float(rule.junior_probability),
-        MAX_GAP_KEY: int(rule.max_gap_tokens),
-        MODE_KEY: rule.mode,
+        **{key: getattr(rule, name) for name, key in _RULE_KEYS.items()},
         TOP_K_KEY: int(sampling.top_k),
         TOP_P_KEY: float(sampling.top_p),
         MIN_P_KEY: float(sampling.min_p),
@@ -67,12 +68,16 @@ def is_tandem_request(params: SamplingParams) -> bool:
 
 
 def rule_from_extra_args(extra_args: dict) -> HandoffRule:
-    return HandoffRule(
-        granularity=extra_args.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
-        junior_probability=float(extra_args.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability)),
-        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens)),
-        mode=extra_args.get(MODE_KEY, _DEFAULT_RULE.mode),
-    )
+    """The request's handoff rule; a key left out takes the rule's default.
+
+    Raises:
+        ValueError: a rule field of the wrong type or outside its range
+            ([`validate_rule_fields`][tandem_grpo.handoff.validate_rule_fields]), checked before any conversion.
+    """
+    fields = {name: extra_args.get(key, getattr(_DEFAULT_RULE, name)) for name, key in _RULE_KEYS.items()}
+    validate_rule_fields(**fields)
+    probability, max_gap = float(fields.pop("junior_probability")), int(fields.pop("max_gap_tokens"))
+    return HandoffRule(junior_probability=probability, max_gap_tokens=max_gap, **fields)
 
 
 def sampling_from_params(params: SamplingParams) -> SamplingSettings:
@@ -111,12 +116,7 @@ def validate_tandem_params(params: SamplingParams) -> None:
         raise ValueError(f"{SEED_KEY}={seed!r} must be an integer.")
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
-    validate_rule_fields(
-        extra.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
-        extra.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability),
-        extra.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens),
-        extra.get(MODE_KEY, _DEFAULT_RULE.mode),
-    )
+    rule_from_extra_args(extra)
     if params.n != 1:
         raise ValueError(
             f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
@@ -142,13 +142,6 @@ def validate_tandem_params(params: SamplingParams) -> None:
         sampling_from_params(params)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Tandem extra args: {exc}") from exc
-    senior_only = {
-        "logit_bias": params.logit_bias,
-        "min_tokens": params.min_tokens,
-        "bad_words": params.bad_words,
-        "allowed_token_ids": params.allowed_token_ids,
-        "structured_outputs": params.structured_outputs,
-    }
-    used = [name for name, value in senior_only.items() if value]
+    used = [name for name in SENIOR_ONLY_OPTIONS if getattr(params, name)]
     if used:
         raise ValueError(f"{used} act on the senior's logits alone in vLLM; tandem requests do not support them.")
