@@ -2,12 +2,11 @@
 
 transformers' ``Trainer._save_checkpoint`` (5.19) writes ``checkpoint-N`` in place, in this order: the model
 (weights, config, tokenizer, ``training_args.bin``), optimizer, scheduler, RNG states, then ``trainer_state.json``;
-only then does ``save_total_limit`` delete older checkpoints. There is no temporary folder and no rename (two upstream
-attempts at that, transformers PRs #27820 and #35580, are no longer in the code). A process killed mid-write (SIGTERM
-or SIGKILL from a scheduler, Ctrl-C during the save, a lost node) therefore leaves a ``checkpoint-N`` without
-``trainer_state.json``, and ``train(resume_from_checkpoint=True)``, which takes the highest-numbered ``checkpoint-N``
-folder whatever it holds (``transformers.trainer_utils.get_last_checkpoint``), fails on it with ``FileNotFoundError``
-although the checkpoint before it is complete and still there.
+only then does ``save_total_limit`` delete older checkpoints; there is no temporary folder and no rename. A process
+killed mid-write (SIGTERM or SIGKILL from a scheduler, Ctrl-C during the save, a lost node) therefore leaves a
+``checkpoint-N`` without ``trainer_state.json``, and ``train(resume_from_checkpoint=True)``, which takes the
+highest-numbered ``checkpoint-N`` folder whatever it holds (``transformers.trainer_utils.get_last_checkpoint``), fails
+on it with ``FileNotFoundError`` although the checkpoint before it is complete and still there.
 
 :class:`ResumeFromCompleteCheckpoint` makes ``resume_from_checkpoint=True`` take the highest-numbered complete
 checkpoint instead; an explicit path is used as given. Nothing is deleted: the resumed run writes the skipped folders
