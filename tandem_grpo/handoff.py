@@ -138,6 +138,17 @@ class HandoffRule:
         validate_rule_fields(granularity, probability, max_gap, mode)
         return cls(granularity, float(probability), int(max_gap), mode)
 
+    @property
+    def sole_writer(self) -> str | None:
+        """``"senior"`` (``junior_probability`` 0) or ``"junior"`` (1) where one model writes every token, else
+        ``None``: whether the junior runs at all, the one test the trainer, TRL generation and the evaluation make."""
+        return {0.0: "senior", 1.0: "junior"}.get(float(self.junior_probability))
+
+    @classmethod
+    def alone(cls, writer: str) -> HandoffRule:
+        """The rule under which ``writer`` (``"senior"`` or ``"junior"``) writes every token."""
+        return cls("token", 1.0 if writer == "junior" else 0.0)
+
 
 def validate_rule_fields(
     granularity: object, junior_probability: object, max_gap_tokens: object, mode: object = "after_boundary"

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import torch
 
 from ..backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
-from ..handoff import HandoffRule, HandoffSettings
+from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
 
@@ -107,9 +107,7 @@ class TandemEngine:
         from ..vllm.engine import generate_with_llm
 
         # A model that writes alone runs alone (TandemForCausalLM.set_solo): half the forward passes.
-        probability = getattr(rule, "junior_probability", HandoffSettings.junior_probability)  # the declared default
-        solo = {0.0: "senior", 1.0: "junior"}.get(float(probability))
-        if self._model().set_solo(solo):
+        if self._model().set_solo(rule.sole_writer):
             self.llm.reset_prefix_cache()
         return generate_with_llm(
             self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop, progress=progress
@@ -230,7 +228,7 @@ class VLLMBackend(GenerationBackend):
         if not prompts:
             return []
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
-        rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
+        rule = HandoffRule.alone("junior" if self.is_junior else "senior")
         out = self._run(prompts, sampling, rule, caps, seed, desc, load=not self.is_junior, stop=stop)
         ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
         if stop:
