@@ -8,8 +8,8 @@ in [`tandem_grpo.whole_unit`][tandem_grpo.whole_unit].
 
 Overridden TRL internals (TRL is pinned in pyproject; ``test_overridden_trl_internals_have_the_expected_shape``
 fails when they change): ``_generate_and_score_completions``, ``_generate``, ``_generate_single_turn``,
-``_compute_loss`` and ``_get_per_token_logps_and_entropies``, in the order and with the state the class docstring's
-"State between TRL's calls" gives; ``training_step`` and ``_save_checkpoint`` stop on non-finite losses and weights
+``_compute_loss`` and ``_get_per_token_logps_and_entropies``, in the order and with the state docs/api/tandem_grpo.md
+gives ("State between TRL's calls"); ``training_step`` and ``_save_checkpoint`` stop on non-finite losses and weights
 (:mod:`tandem_grpo.guards`).
 """
 
@@ -67,37 +67,11 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
     ``tandem/handoffs_per_completion``; with ``log_completions=True`` the completions table gains an
     ``authorship`` column with the junior's words in ⟦…⟧.
 
-    **State between TRL's calls.** TRL calls the overridden methods in this order, and these attributes carry what one
-    call hands to a later one (everything else is set once in the constructor):
-
-    1. ``_prepare_inputs`` calls ``_generate_and_score_completions`` (every ``steps_per_generation *
-       num_iterations`` micro-steps in training, every batch in evaluation); under ``handoff_mode="whole_unit"`` it
-       runs inside [`WholeUnitTerms.generate_and_score`][tandem_grpo.whole_unit.WholeUnitTerms.generate_and_score],
-       which clears ``_whole_unit.scoring_coef`` before and after.
-    2. It calls ``_generate``, which sets ``_rollout = None`` and calls TRL's ``_generate``; that calls
-       ``_generate_single_turn`` once (tools are refused). Where it co-generates, that counts the call in
-       ``_generation_calls`` (per mode: the global step and the calls made at it; the call's index seeds its coins
-       and draws) and writes ``_rollout``, the co-generated [`Rollout`][tandem_grpo.rollout.Rollout]. Back in
-       ``_generate``, ``_rollout`` is read to build the authorship mask in TRL's ``tool_mask`` slot and, under
-       ``"whole_unit"``, to set ``_whole_unit.scoring_coef``; it is still ``None`` where TRL generated alone (the
-       senior wrote every token). ``_rollout`` keeps the last rollout until the next ``_generate``.
-    3. TRL scores the completions (old and reference log-probs) through ``_get_per_token_logps_and_entropies``;
-       ``_loss_keep`` is ``None`` there, so nothing is neutralized, and ``"whole_unit"`` adds its terms with
-       ``scoring_coef``. The coefficients then travel in the batch under
-       [`COEF_KEY`][tandem_grpo.whole_unit.COEF_KEY].
-    4. ``training_step`` calls ``compute_loss``, then ``_compute_loss``, which sets ``_loss_keep`` to (the positions
-       the loss keeps, bool ``[B, T]``; a shallow copy of the batch) and, under ``"whole_unit"``, enters
-       [`WholeUnitTerms.in_loss`][tandem_grpo.whole_unit.WholeUnitTerms.in_loss] (``_whole_unit.loss_coef``); then
-       it runs TRL's ``_compute_loss`` on that copy. TRL calls ``_get_per_token_logps_and_entropies`` first, which
-       reads ``_loss_keep`` and writes neutral values at the other positions into the copy's
-       ``old_per_token_logps``, ``ref_per_token_logps``, ``sampling_per_token_logps`` and
-       ``importance_sampling_ratio``; TRL's ``_compute_loss`` reads those keys only after that call
-       (``test_overridden_trl_internals_have_the_expected_shape`` pins the order). ``_loss_keep`` is ``None`` again
-       when ``_compute_loss`` returns or raises.
-
-    ``_generation_calls`` is the only state generation keeps: coins and draws are functions of the rollout's
-    coordinates ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]), so a resumed run draws what the
-    uninterrupted run drew, and evaluation never moves the training draws.
+    The attributes that carry state between TRL's calls of the overridden methods (``_generation_calls``,
+    ``_rollout``, ``_loss_keep``, ``_whole_unit``) and the order of those calls: docs/api/tandem_grpo.md, "State
+    between TRL's calls". Coins and draws are functions of the rollout's coordinates
+    ([`rollout_seed`][tandem_grpo.sampling.rollout_seed]), so a resumed run draws what the uninterrupted run drew, and
+    evaluation never moves the training draws.
 
     Raises:
         TypeError: ``args`` is not a TandemGRPOConfig.
@@ -184,8 +158,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
             # Check the vocabulary from tokenizers and configs alone, before any weights are loaded.
             senior_tokenizer, senior_width = senior_vocabulary(model, kwargs.get("processing_class"))
             junior_path = check_junior_vocabulary(senior_tokenizer, senior_width, args.junior_model_name_or_path)
-        # The state carried between TRL's calls (the class docstring, "State between TRL's calls"); it exists before
-        # GRPOTrainer.__init__ runs.
+        # The state carried between TRL's calls (docs/api/tandem_grpo.md); it exists before GRPOTrainer.__init__ runs.
         self._generation_calls: dict[str, tuple[int, int]] = {}
         self._rollout: Rollout | None = None
         self._loss_keep: tuple[torch.Tensor, dict] | None = None
