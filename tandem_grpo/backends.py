@@ -124,11 +124,13 @@ class GenerationBackend:
         name: backend name.
         eos_token_ids: ids that end a completion.
         pad_token_id: filler id.
+        tokenizer: decodes completions for ``stop`` strings (``None``: no ``stop`` strings).
     """
 
     name: str = ""
     eos_token_ids: list[int]
     pad_token_id: int
+    tokenizer = None
 
     def generate(
         self,
@@ -152,7 +154,19 @@ class GenerationBackend:
         Returns:
             One completion per prompt: token ids up to and including the first EOS or the token that completes a
             stop string (neither when the cap was hit).
+
+        Raises:
+            ValueError: not one cap per prompt, or ``stop`` strings and no ``tokenizer``.
         """
+        caps = per_prompt_caps(prompts, max_new_tokens)
+        if stop and self.tokenizer is None:
+            raise ValueError(f"stop strings need the backend's tokenizer: build {type(self).__name__}(tokenizer=...).")
+        raw = self._sample(prompts, sampling, caps, seed, desc, stop) if prompts else []
+        cut = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(raw, caps, strict=True)]
+        return [cut_at_stop(c, self.tokenizer, stop) for c in cut]
+
+    def _sample(self, prompts, sampling: SamplingSettings, caps: list[int], seed: int, desc: str, stop) -> list:
+        """One completion per prompt (a non-empty list), to be cut by ``generate``; ``caps``: one per prompt."""
         raise NotImplementedError
 
     def tandem(
@@ -172,6 +186,11 @@ class GenerationBackend:
             The [`Rollout`][tandem_grpo.rollout.Rollout]: ids up to and including the first EOS, authorship, unit
             starts and ``seeds``.
         """
+        empty = Rollout([], [], [], [], [])
+        return self._tandem(prompts, sampling, rule, max_new_tokens, seed, desc) if prompts else empty
+
+    def _tandem(self, prompts, sampling: SamplingSettings, rule: HandoffRule, cap: int, seed: int, desc: str):
+        """``tandem`` of a non-empty list of prompts."""
         raise NotImplementedError
 
 
@@ -239,17 +258,7 @@ class TransformersBackend(GenerationBackend):
                 bar.update(len(batch))
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        *,
-        max_new_tokens: int | Sequence[int],
-        seed: int = 0,
-        desc: str = "generate",
-        stop: Sequence[str] = (),
-    ) -> list[list[int]]:
-        caps = per_prompt_caps(prompts, max_new_tokens)
+    def _sample(self, prompts, sampling: SamplingSettings, caps: list[int], seed: int, desc: str, stop) -> list:
         out: list[list[int]] = []
         for b, start, input_ids, attention_mask in self._batches(prompts, desc):
             batch_caps = caps[start : start + self.batch_size]
@@ -274,24 +283,11 @@ class TransformersBackend(GenerationBackend):
                         [StopInCompletion(self.tokenizer, stop, width)] if stop else []
                     ),
                 )
-            completions = generated[:, width:].tolist()
-            out.extend(
-                cut_at_stop(cut_at_eos(c, self.eos_token_ids, cap), self.tokenizer, stop)
-                for c, cap in zip(completions, batch_caps, strict=True)
-            )
+            out.extend(generated[:, width:].tolist())
         return out
 
     @torch.no_grad()
-    def tandem(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        rule: HandoffRule,
-        *,
-        max_new_tokens: int,
-        seed: int = 0,
-        desc: str = "tandem",
-    ) -> Rollout:
+    def _tandem(self, prompts, sampling: SamplingSettings, rule: HandoffRule, cap: int, seed: int, desc: str):
         """[`tandem_generate`][tandem_grpo.generation.tandem_generate] over batches of ``batch_size`` prompts with
         ``junior``; batch ``b``'s token draws use a generator seeded ``derive_seed(seed, "tokens", b)``.
 
@@ -318,14 +314,14 @@ class TransformersBackend(GenerationBackend):
                     rule=rule,
                     tables=self._tables,
                     sampling=sampling,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=cap,
                     eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
                     seeds=torch.tensor(coins, dtype=torch.long, device=self.device),
                     generator=generator,
                 )  # fmt: skip
             )
-        return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
+        return Rollout.concatenate(parts)
 
 
 BACKENDS = ("transformers", "vllm")

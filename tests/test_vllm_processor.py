@@ -42,7 +42,7 @@ def _processor(tables: BoundaryTables) -> TandemLogitsProcessor:
     config = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
     processor = TandemLogitsProcessor(config, torch.device("cpu"), False)
     for width in range(tables.vocab_size, tables.vocab_size + 8):  # what it would build from the engine's tokenizer
-        processor._tables[width] = (tables, tables)
+        processor._tables[width] = tables
     return processor
 
 

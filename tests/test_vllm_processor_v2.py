@@ -129,7 +129,7 @@ def _processor(tables: BoundaryTables, speculative_config=None):
     def build(req_states):
         processor = TandemLogitsProcessorV2(config, req_states)
         for width in range(tables.vocab_size, tables.vocab_size + 8):  # what it builds from the engine's tokenizer
-            processor._tables[width] = (tables, tables)
+            processor._tables[width] = tables
         return processor
 
     return build

@@ -16,10 +16,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ..guards import require_finite_logprobs
 from ..handoff import (
     SENIOR,
     BoundaryTables,
@@ -28,13 +30,25 @@ from ..handoff import (
     boundary_mask,
     handoff_rows,
     mixture_logprobs,
-    nonfinite_flags,
 )
 from ..sampling import truncate_logprobs
 from ._compat import ARCHITECTURE
 
 Setting = float | int | torch.Tensor
 """A per-row setting of a group of ``g`` rows: one Python number for all, or a tensor ``[g]`` on the logits' device."""
+
+
+@dataclass
+class StepSettings:
+    """What [`mix`][tandem_grpo.vllm.mixing.mix] divides each model's logits by (1: vLLM applied the temperature
+    already) and the mixture's truncation (``top_k`` 0, ``top_p`` 1.0 and ``min_p`` 0.0 are off) as
+    [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] takes it; each a ``Setting``."""
+
+    senior_temperature: Setting
+    junior_temperature: Setting
+    top_k: Setting = 0
+    top_p: Setting = 1.0
+    min_p: Setting = 0.0
 
 
 def is_tandem_engine(model_config) -> bool:
@@ -52,21 +66,20 @@ def uniform(values: Sequence | np.ndarray, dtype: torch.dtype, device: torch.dev
     return torch.from_numpy(np.ascontiguousarray(values)).to(device=device, dtype=dtype, non_blocking=True)
 
 
-def engine_boundary_tables(
-    model_config, cache: dict[int, tuple[BoundaryTables, BoundaryTables]], vocab_size: int, device: torch.device
-) -> tuple[BoundaryTables, BoundaryTables]:
-    """Boundary tables for senior logits ``vocab_size`` wide, ``(on device, on the CPU)``, built once per width into
-    ``cache``.
+def step_tables(
+    model_config, cache: dict[int, BoundaryTables], logits: torch.Tensor, junior_logits: torch.Tensor | None, needs=""
+) -> BoundaryTables:
+    """The boundary tables of a step's senior ``logits`` (``[n, W]``): for ``W`` columns, on ``logits``' device, built
+    once per width into ``cache`` from ``model_config`` (the engine's ``ModelConfig``: its tokenizer, and the EOS ids
+    that [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] put in its hf_config, else
+    [`engine_eos_token_ids`][tandem_grpo.vllm.engine.engine_eos_token_ids]).
 
-    Args:
-        model_config: the engine's ``ModelConfig``: its tokenizer, and the EOS ids
-            ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] put ``tandem_eos_token_ids`` in its hf_config;
-            without them, [`engine_eos_token_ids`][tandem_grpo.vllm.engine.engine_eos_token_ids]).
-        cache: ``{width: (tables on device, tables on the CPU)}``, filled here.
-        vocab_size: the senior logits' width.
-        device: where the first table of the pair lives.
+    Raises:
+        RuntimeError: the model published no junior logits of this step with one row per row of ``logits`` and at
+            least ``V`` columns; ``needs`` completes the message (what the engine must run with).
     """
-    if vocab_size not in cache:
+    width = logits.shape[-1]
+    if width not in cache:
         from transformers import AutoTokenizer
 
         cfg = model_config
@@ -78,22 +91,15 @@ def engine_boundary_tables(
             from .engine import engine_eos_token_ids
 
             eos = engine_eos_token_ids(cfg.model, cfg.trust_remote_code)
-        tables = BoundaryTables.from_tokenizer(tokenizer, vocab_size, list(eos))
-        cache[vocab_size] = (tables.to(device), tables)
-    return cache[vocab_size]
-
-
-def check_junior_logits(
-    junior_logits: torch.Tensor | None, logits: torch.Tensor, tables: BoundaryTables, needs: str = ""
-) -> None:
-    """Raise ``RuntimeError`` unless the model published the junior's logits of this step: one row per row of the
-    senior ``logits``, at least ``V`` columns; ``needs`` completes the message (what the engine must run with)."""
+        cache[width] = BoundaryTables.from_tokenizer(tokenizer, width, list(eos)).to(logits.device)
+    tables = cache[width]
     got = None if junior_logits is None else tuple(junior_logits.shape)
     if got is None or got[0] != logits.shape[0] or got[-1] < tables.vocab_size:
         raise RuntimeError(
             f"Tandem rows need the junior's logits of this step ({logits.shape[0]} rows, at least "
             f"{tables.vocab_size} columns; got {got}): the engine must run {ARCHITECTURE}{needs}."
         )
+    return tables
 
 
 def _scaled(logits: torch.Tensor, temperature: Setting) -> torch.Tensor:
@@ -103,17 +109,7 @@ def _scaled(logits: torch.Tensor, temperature: Setting) -> torch.Tensor:
 
 
 def mix(
-    senior: torch.Tensor,
-    junior: torch.Tensor,
-    state: HandoffState,
-    tables: BoundaryTables,
-    rule: HandoffRule,
-    *,
-    senior_temperature: Setting,
-    junior_temperature: Setting,
-    top_k: Setting = 0,
-    top_p: Setting = 1.0,
-    min_p: Setting = 0.0,
+    senior, junior, state: HandoffState, tables: BoundaryTables, rule: HandoffRule, settings: StepSettings
 ) -> tuple[torch.Tensor, dict[str, torch.Tensor], torch.Tensor]:
     """The tandem step of ``g`` rows under one rule; no host sync.
 
@@ -123,26 +119,33 @@ def mix(
         state: the rows' rule state before this position.
         tables: the boundary tables; their ``vocab_size`` is ``V``.
         rule: the rows' handoff rule.
-        senior_temperature: what the senior's logits are divided by (1: vLLM applied the temperature already).
-        junior_temperature: what the junior's logits are divided by.
-        top_k: mixture truncation, 0 = off; with ``top_p`` (1.0 = off) and ``min_p`` (0.0 = off) as
-            [`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] takes them.
+        settings: the rows' temperatures and truncation.
 
     Returns:
         ``(logprobs, records, nonfinite)``: float ``[g, V]``, the truncated mixture's log-probabilities (``-inf`` on
         dropped tokens); the position's side records, float ``[g]`` by
         [`POSITION_RECORDS`][tandem_grpo.vllm.side_records.POSITION_RECORDS] name (empty under ``"after_boundary"``,
-        where every position keeps the records' fill values); bool ``[2]``
-        [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags], for the processor's deferred check.
+        where every position keeps the records' fill values); bool ``[2]``: whether the senior's, the junior's
+        log-probabilities hold NaN, for the processor's deferred check
+        ([`raise_nonfinite`][tandem_grpo.vllm.mixing.raise_nonfinite]).
     """
     width = tables.vocab_size
-    senior_lp = torch.log_softmax(_scaled(senior[:, :width], senior_temperature), dim=-1)
-    junior_lp = torch.log_softmax(_scaled(junior[:, :width].float(), junior_temperature), dim=-1)
+    senior_lp = torch.log_softmax(_scaled(senior[:, :width], settings.senior_temperature), dim=-1)
+    junior_lp = torch.log_softmax(_scaled(junior[:, :width].float(), settings.junior_temperature), dim=-1)
     boundary = boundary_mask(state, tables, rule)
     whole_unit = rule.mode == "whole_unit"
     mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy="masked" if whole_unit else "none")
     records = _whole_unit_records(senior_lp, junior_lp, state, boundary) if whole_unit else {}
-    return truncate_logprobs(mixed, top_k, top_p, min_p), records, nonfinite_flags(senior_lp, junior_lp)
+    nonfinite = torch.stack([torch.isnan(senior_lp).any(), torch.isnan(junior_lp).any()])
+    return truncate_logprobs(mixed, settings.top_k, settings.top_p, settings.min_p), records, nonfinite
+
+
+def raise_nonfinite(flags: torch.Tensor) -> None:
+    """Raise ``FloatingPointError`` (naming the model) if ``flags``, [`mix`][tandem_grpo.vllm.mixing.mix]'s OR-ed
+    over steps, shows NaN; one host sync."""
+    for model, bad in zip(("senior", "junior"), flags.tolist(), strict=True):
+        if bad:
+            require_finite_logprobs(torch.tensor([float("nan")]), model)
 
 
 def _whole_unit_records(senior_lp, junior_lp, state: HandoffState, boundary: torch.Tensor) -> dict[str, torch.Tensor]:

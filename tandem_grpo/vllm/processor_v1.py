@@ -2,21 +2,11 @@
 
 Per request it keeps the rule state ([`HandoffState`][tandem_grpo.handoff.HandoffState]) and, every step, replaces
 the request's row of the senior logits with the truncated log-probabilities of the tandem mixture ``P``
-([`mix`][tandem_grpo.vllm.mixing.mix]). vLLM's sampler then draws the token from that; the token's author is a
-function of the token ([`advance`][tandem_grpo.handoff.advance]), so nothing else has to be decided here.
-
-Where it sits in vLLM's sampler (``vllm/v1/sample/sampler.py``, vLLM 0.32): the processor declares itself
-argmax-invariant, so it runs *after* vLLM has applied the penalties and the request's temperature to the senior's
-logits and *before* vLLM's top-k/top-p. Tandem requests carry their temperature and truncation in their extra args
-([`tandem_grpo.vllm.request_args`][tandem_grpo.vllm.request_args]: what makes a request a tandem request and what it
-may not ask for) and come at temperature 1, so the processor divides the senior's logits by the ratio of the two
-temperatures (the real one, or 1 for a request without ``tandem_temperature``), applies the same penalties and
-temperature to the junior's logits (taken from ``tandem_grpo.vllm._slot``), mixes and truncates.
-
-The processor needs vLLM's async scheduling off ([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] sets
-``async_scheduling=False``): with it on, a request's last sampled token can still be a placeholder (``-1``) when
-the processor runs, and the rule state would be one token behind; the processor raises instead. Its side records:
-[`tandem_grpo.vllm.side_records`][tandem_grpo.vllm.side_records].
+([`mix`][tandem_grpo.vllm.mixing.mix]); vLLM's sampler draws the token from that, and the token's author is a
+function of the token ([`advance`][tandem_grpo.handoff.advance]). Where it sits in vLLM's sampler:
+docs/api/vllm/processor_v1.md. It needs vLLM's async scheduling off
+([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs] sets ``async_scheduling=False``): with it on, a request's
+last sampled token can still be a placeholder (``-1``) when the processor runs, and it raises ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -31,10 +21,10 @@ from vllm import SamplingParams
 from vllm.v1.sample.logits_processor import BatchUpdate, LogitsProcessor
 from vllm.v1.sample.logits_processor.builtin import process_dict_updates
 
-from ..handoff import BoundaryTables, HandoffRule, raise_nonfinite
+from ..handoff import BoundaryTables, HandoffRule
 from ..sampling import SamplingSettings
 from ._slot import take_junior_logits
-from .mixing import Setting, check_junior_logits, engine_boundary_tables, is_tandem_engine, mix, uniform, write_rows
+from .mixing import StepSettings, is_tandem_engine, mix, raise_nonfinite, step_tables, uniform, write_rows
 from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
 from .side_records import LOCK, PROCESSORS, LiveRecords, Record, record_for
 
@@ -60,17 +50,13 @@ class _Row:
 
 @dataclass
 class _Group:
-    """The tandem rows of one rule, fixed until the batch changes; settings as [`mix`][tandem_grpo.vllm.mixing.mix]
-    takes them (a number where every row of the group has the same, so no host sync)."""
+    """The tandem rows of one rule, fixed until the batch changes (settings: a number where every row of the group
+    has the same, so no host sync)."""
 
     rule: HandoffRule
     slots: torch.Tensor  # rows of the LiveRecords
     batch_index: torch.Tensor  # rows of the logits
-    temperature: Setting
-    senior_temperature: Setting
-    top_k: Setting
-    top_p: Setting
-    min_p: Setting
+    settings: StepSettings
     penalized: list[_Row] | None  # the group's rows, where some carry penalties
 
 
@@ -100,7 +86,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         self.enabled = is_tandem_engine(self.model_config)
         self.device = device
         self.rows: dict[int, _Row] = {}
-        self._tables: dict[int, tuple[BoundaryTables, BoundaryTables]] = {}  # by logits width
+        self._tables: dict[int, BoundaryTables] = {}  # by logits width
         self._live: list[_Row] = []  # the tandem rows in batch order; row.slot indexes self.live
         self._outputs: list[list[int]] = []
         self._batch_rows = np.zeros(0, dtype=np.int64)
@@ -139,8 +125,8 @@ class TandemLogitsProcessor(LogitsProcessor):
         junior_logits = take_junior_logits() if self.enabled else None
         if not self.rows:
             return logits
-        tables, _ = engine_boundary_tables(self.model_config, self._tables, logits.shape[-1], logits.device)
-        check_junior_logits(junior_logits, logits, tables, " with the V1 model runner and no speculative decoding")
+        needs = " with the V1 model runner and no speculative decoding"
+        tables = step_tables(self.model_config, self._tables, logits, junior_logits, needs)
         num_tokens = self._prefix_len + np.fromiter(map(len, self._outputs), dtype=np.int64, count=len(self._live))
         self.live.reserve(int(num_tokens.max()) + 1)
         self._catch_up(num_tokens, tables)
@@ -149,11 +135,9 @@ class TandemLogitsProcessor(LogitsProcessor):
             junior = junior_logits.index_select(0, group.batch_index)[:, : tables.vocab_size].float()
             if group.penalized is not None:
                 junior = self._penalize(junior, group.penalized)
-            mixed, records, nonfinite = mix(
-                logits.index_select(0, group.batch_index), junior, self.live.state_of(group.slots), tables,
-                group.rule, senior_temperature=group.senior_temperature, junior_temperature=group.temperature,
-                top_k=group.top_k, top_p=group.top_p, min_p=group.min_p,
-            )  # fmt: skip
+            senior = logits.index_select(0, group.batch_index)
+            state = self.live.state_of(group.slots)
+            mixed, records, nonfinite = mix(senior, junior, state, tables, group.rule, group.settings)
             self._nonfinite |= nonfinite
             self.live.write(group.slots, columns[group.slots], records)
             write_rows(logits, group.batch_index, mixed)
@@ -240,11 +224,13 @@ class TandemLogitsProcessor(LogitsProcessor):
                     rule=rule,
                     slots=torch.tensor(slots, dtype=torch.long, device=device),
                     batch_index=torch.tensor(self._batch_rows[slots], dtype=torch.long, device=device),
-                    temperature=uniform([s.temperature for s in settings], torch.float32, device),
-                    senior_temperature=uniform([r.senior_temperature for r in rows], torch.float32, device),
-                    top_k=uniform([s.top_k for s in settings], torch.long, device),
-                    top_p=uniform([s.top_p for s in settings], torch.float32, device),
-                    min_p=uniform([s.min_p for s in settings], torch.float32, device),
+                    settings=StepSettings(
+                        uniform([r.senior_temperature for r in rows], torch.float32, device),
+                        uniform([s.temperature for s in settings], torch.float32, device),
+                        uniform([s.top_k for s in settings], torch.long, device),
+                        uniform([s.top_p for s in settings], torch.float32, device),
+                        uniform([s.min_p for s in settings], torch.float32, device),
+                    ),
                     penalized=rows if any(row.has_penalties() for row in rows) else None,
                 )
             )

@@ -1,30 +1,10 @@
 """The tandem logits processor of vLLM's Model Runner V2 (``vllm.v1.worker.gpu.sample.logits_processor``).
 
-Same step as the V1 processor ([`tandem_grpo.vllm.processor_v1`][tandem_grpo.vllm.processor_v1]:
-[`mix`][tandem_grpo.vllm.mixing.mix]), same side records
-([`tandem_grpo.vllm.side_records`][tandem_grpo.vllm.side_records]); what differs is how vLLM drives it. Followed:
-``vllm/v1/worker/gpu/sample/logits_processor/interface.py`` and ``vllm/v1/worker/gpu/sample/sampler.py`` (vLLM
-0.32; the interface is unchanged through 0.34).
-
-- **Slots, not rows.** Per-request state lives in device tensors indexed by vLLM's request slot (``req_idx``,
-  ``max_num_reqs`` of them). vLLM recycles a slot with no remove hook, so
-  [`add_request`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2.add_request] stages a full rewrite of the
-  slot and [`apply_staged_writes`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2.apply_staged_writes] first
-  copies the previous occupant's records out to the host (one transfer per tensor, on steps that admit requests
-  only), then writes the new occupant's state. ``apply`` maps each logits row to its slot with
-  ``ctx.idx_mapping``; rows are reordered every step.
-- **Token history on the device.** The previous token is read from vLLM's ``all_token_ids[slot, total_len - 1]``
-  (``LogitsProcRequestState``), which Model Runner V2 writes on the device after each sample: a step needs no host
-  sync, and async scheduling (vLLM's default) works. A request resumed after preemption catches up over its earlier
-  tokens from the same buffer (the count is known on the host at admission).
-- **Before temperature.** Model Runner V2 runs custom processors after penalties and before temperature, min-p and
-  top-k/top-p. Tandem requests are sent at temperature 1 with vLLM's truncation off and carry their temperature and
-  truncation in their extra args ([`tandem_grpo.vllm.request_args`][tandem_grpo.vllm.request_args]); the processor
-  scales both models, mixes and truncates, so vLLM's own stages after it are no-ops. The senior's penalties are
-  vLLM's; the junior gets the same (``vllm/v1/worker/gpu/sample/penalties.py``: repetition over prompt and output,
-  frequency and presence over output), computed here from the device token history.
-- **No speculative decoding.** Under it a request owns several logits rows per step; the processor refuses such an
-  engine at construction and such a batch in ``apply``.
+The step of the V1 processor ([`mix`][tandem_grpo.vllm.mixing.mix], the same side records), driven by vLLM's request
+slots (recycled with no remove hook: a slot's records are copied out before its next occupant is written), the
+previous token read from vLLM's device token history (no host sync, so async scheduling stays on), the temperature
+and truncation applied here (Model Runner V2 runs custom processors before its own); no speculative decoding. How
+vLLM drives it, in detail: docs/api/vllm/processor_v2.md.
 """
 
 from __future__ import annotations
@@ -34,9 +14,9 @@ import torch
 from vllm import SamplingParams
 from vllm.v1.worker.gpu.sample.logits_processor import LogitsContext, LogitsProcessor
 
-from ..handoff import BoundaryTables, HandoffRule, raise_nonfinite
+from ..handoff import BoundaryTables, HandoffRule
 from ._slot import take_junior_logits
-from .mixing import check_junior_logits, engine_boundary_tables, is_tandem_engine, mix, uniform, write_rows
+from .mixing import StepSettings, is_tandem_engine, mix, raise_nonfinite, step_tables, uniform, write_rows
 from .request_args import UID_KEY, is_tandem_request, sampling_from_params, validate_tandem_params
 from .side_records import LOCK, PROCESSORS, LiveRecords, Record, record_for
 
@@ -68,7 +48,7 @@ class TandemLogitsProcessorV2(LogitsProcessor):
         self.req_states = req_states
         self.device = device = req_states.device
         slots = req_states.max_num_reqs
-        self._tables: dict[int, tuple[BoundaryTables, BoundaryTables]] = {}  # by logits width
+        self._tables: dict[int, BoundaryTables] = {}  # by logits width
         self._staged: list[tuple[int, SamplingParams]] = []
         # Host, per slot: the occupant, its rule (index into _rules; -1 = not a tandem request), its settings.
         self._occupants: list[Record | None] = [None] * slots
@@ -159,8 +139,7 @@ class TandemLogitsProcessorV2(LogitsProcessor):
                 f"{logits.shape[0]} logits rows for {slots_np.shape[0]} requests: the tandem processor takes one row "
                 "per request (no speculative decoding)."
             )
-        tables, _ = engine_boundary_tables(self.model_config, self._tables, logits.shape[-1], logits.device)
-        check_junior_logits(junior_logits, logits, tables)
+        tables = step_tables(self.model_config, self._tables, logits, junior_logits)
         tandem_slots = slots_np[tandem]
         prompt_np = self.req_states.prompt_len.np[tandem_slots]
         outputs_bound = np.maximum(ctx.seq_lens_upper_bound_np[tandem] - prompt_np, 0)
@@ -272,12 +251,10 @@ class TandemLogitsProcessorV2(LogitsProcessor):
         if self._penalized[slots_np].any():
             junior = self._penalize(junior, slots, length)
         temperature = uniform(self._temperature[slots_np], torch.float32, device)
-        mixed, records, nonfinite = mix(
-            senior, junior, self.live.state_of(slots), tables, rule, senior_temperature=temperature,
-            junior_temperature=temperature, top_k=uniform(self._top_k[slots_np], torch.long, device),
-            top_p=uniform(self._top_p[slots_np], torch.float32, device),
-            min_p=uniform(self._min_p[slots_np], torch.float32, device),
-        )  # fmt: skip
+        settings = StepSettings(temperature, temperature, uniform(self._top_k[slots_np], torch.long, device),
+                                uniform(self._top_p[slots_np], torch.float32, device),
+                                uniform(self._min_p[slots_np], torch.float32, device))  # fmt: skip
+        mixed, records, nonfinite = mix(senior, junior, self.live.state_of(slots), tables, rule, settings)
         self._nonfinite |= nonfinite
         if records:  # the records at the position being sampled
             column = outputs.clamp(max=self.live.width - 1)

@@ -1,23 +1,15 @@
-"""What makes a vLLM request a tandem request: its ``SamplingParams.extra_args`` and their checks.
-
-Requests opt in through ``extra_args`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the
-OpenAI server's ``vllm_xargs``); other requests in the same batch are left untouched (plain senior sampling). Tandem
-requests carry their temperature and ``top_k``/``top_p``/``min_p`` in their extra args and send vLLM's own turned off
-(temperature 1, no truncation): the logits processor applies the temperature to both models and truncates the mixture
-itself, in the transformers path's order. Both runners need that: vLLM would apply min-p before the V1 processor and
-top-k/top-p after it, and Model Runner V2 runs its processors before temperature, min-p and top-k/top-p. One request
-form serves both processors, so a client need not know which runner a server uses. A request without
-``tandem_temperature`` keeps its ``SamplingParams.temperature`` (the V1 processor alone accepts that form). Tandem
-requests must sample (``temperature > 0``): there is no greedy tandem decoding, and greedy requests never reach
-argmax-invariant processors. [`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params]
-enforces that and the other limits.
+"""What makes a vLLM request a tandem request: its ``SamplingParams.extra_args``
+([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the OpenAI server's ``vllm_xargs``) and
+their checks ([`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params]). A tandem request
+carries its temperature and truncation there and turns vLLM's own off (temperature 1, no truncation); it must sample
+(``temperature > 0``). Other requests in a batch are left untouched. Why: docs/api/vllm/request_args.md.
 """
 
 from __future__ import annotations
 
 from vllm import SamplingParams
 
-from ..handoff import HandoffRule, validate_rule_fields
+from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 
 SEED_KEY = "tandem_seed"
@@ -67,17 +59,14 @@ def is_tandem_request(params: SamplingParams) -> bool:
     return bool(params.extra_args) and SEED_KEY in params.extra_args
 
 
-def rule_from_extra_args(extra_args: dict) -> HandoffRule:
+def rule_from_extra_args(extra: dict) -> HandoffRule:
     """The request's handoff rule; a key left out takes the rule's default.
 
     Raises:
         ValueError: a rule field of the wrong type or outside its range
-            ([`validate_rule_fields`][tandem_grpo.handoff.validate_rule_fields]), checked before any conversion.
+            ([`HandoffRule.checked`][tandem_grpo.handoff.HandoffRule.checked]).
     """
-    fields = {name: extra_args.get(key, getattr(_DEFAULT_RULE, name)) for name, key in _RULE_KEYS.items()}
-    validate_rule_fields(**fields)
-    probability, max_gap = float(fields.pop("junior_probability")), int(fields.pop("max_gap_tokens"))
-    return HandoffRule(junior_probability=probability, max_gap_tokens=max_gap, **fields)
+    return HandoffRule.checked(**{n: extra.get(k, getattr(_DEFAULT_RULE, n)) for n, k in _RULE_KEYS.items()})
 
 
 def sampling_from_params(params: SamplingParams) -> SamplingSettings:
