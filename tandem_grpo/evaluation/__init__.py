@@ -17,24 +17,7 @@ from .solo import capability, pass_at_k_curve
 from .stats import bootstrap_mean, pass_at_k
 from .steps import handover_region, prefix_end, split_steps, step_spans
 
-__all__ = [
-    "EvaluationConfig",
-    "EvaluationError",
-    "GenerationBackend",
-    "ScheduleOutput",
-    "TransformersBackend",
-    "alternating_schedule",
-    "bootstrap_mean",
-    "capability",
-    "create_backend",
-    "evaluate",
-    "handover_region",
-    "legibility",
-    "pass_at_k",
-    "pass_at_k_curve",
-    "prefix_end",
-    "split_steps",
-    "step_schedule",
-    "step_spans",
-    "training_rule_schedule",
-]
+__all__ = ["EvaluationConfig", "EvaluationError", "GenerationBackend", "ScheduleOutput", "TransformersBackend",
+           "alternating_schedule", "bootstrap_mean", "capability", "create_backend", "evaluate", "handover_region",
+           "legibility", "pass_at_k", "pass_at_k_curve", "prefix_end", "split_steps", "step_schedule", "step_spans",
+           "training_rule_schedule"]  # fmt: skip

