@@ -28,17 +28,9 @@ SCHEDULES = ("alternating", "word", "steps")
 _DTYPE_NAMES = ("float32", "bfloat16", "float16")
 
 PRESETS: dict[str, dict[str, float | int]] = {
-    "paper": {
-        "temperature": 0.7,
-        "top_p": 0.8,
-        "top_k": 20,
-        "min_p": 0.0,
-        "repetition_penalty": 1.0,
-        "k": 8,
-        "max_new_tokens": 3000,
-        "max_rounds": 150,
-    },
-}
+    "paper": {"temperature": 0.7, "top_p": 0.8, "top_k": 20, "min_p": 0.0, "repetition_penalty": 1.0, "k": 8,
+              "max_new_tokens": 3000, "max_rounds": 150},
+}  # fmt: skip
 """The presets of ``--preset``: name to the fields they set (sampling fields by their
 [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] names, the rest by their
 [`EvaluationConfig`][tandem_grpo.evaluation.config.EvaluationConfig] names), each sourced in ``PRESET_SOURCES``.

