@@ -44,11 +44,11 @@ def _timed(name: str, func):
 
 
 def _instrument() -> None:
+    import tandem_grpo.vllm.processor as processor
     import torch
 
     import tandem_grpo.generation as generation
     import tandem_grpo.sampling as sampling
-    import tandem_grpo.vllm.processor as processor
     import tandem_grpo.vllm.processor_v2 as processor_v2
     from tandem_grpo.engine_check import EngineCheck
 

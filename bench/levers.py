@@ -86,7 +86,7 @@ def hf(args) -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from tandem_grpo.evaluation.backends import TransformersBackend
+    from tandem_grpo.backends import TransformersBackend
     from tandem_grpo.models import SMOLLM2_ID, resolve_model_path
     from tandem_grpo.sampling import SamplingSettings
 

@@ -263,7 +263,7 @@ def check_study(study: StudyArguments, training: TandemGRPOConfig) -> None:
         raise ValueError(f"--dtype {study.dtype!r}: choose float32, bfloat16 or float16.")
     if study.eval_limit is not None and study.eval_limit < 1:
         raise ValueError(f"--eval_limit {study.eval_limit}: must be >= 1 (omit it for the preset's number).")
-    from tandem_grpo.evaluation.backends import BACKENDS
+    from tandem_grpo.backends import BACKENDS
 
     if study.eval_backend not in BACKENDS:
         raise ValueError(f"--eval_backend {study.eval_backend!r}: choose {' or '.join(BACKENDS)}.")

@@ -4,9 +4,9 @@
 
 Two backends implement it, one per generation stack: [`TransformersBackend`][tandem_grpo.backends.TransformersBackend]
 here (batched ``model.generate`` and [`tandem_generate`][tandem_grpo.generation.tandem_generate]), and
-[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] on an in-process tandem vLLM engine. The evaluation builds
-either by name ([`create_backend`][tandem_grpo.evaluation.backends.create_backend]). The cuts every backend applies
-(EOS, stop strings, per-prompt caps) are here too, so that both cut alike.
+[`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] on an in-process tandem vLLM engine;
+[`create_backend`][tandem_grpo.backends.create_backend] builds either by name (``tandem-grpo evaluate --backend``).
+The cuts every backend applies (EOS, stop strings, per-prompt caps) are here too, so that both cut alike.
 """
 
 from __future__ import annotations
@@ -20,17 +20,9 @@ from .handoff import BoundaryTables, HandoffRule
 from .rollout import Rollout
 from .sampling import SamplingSettings, default_eos_token_ids, derive_seed
 
-__all__ = [
-    "GenerationBackend",
-    "StopInCompletion",
-    "TransformersBackend",
-    "cut_at_eos",
-    "cut_at_stop",
-    "left_pad",
-    "per_prompt_caps",
-    "stop_length",
-    "strip_eos",
-]
+__all__ = ["BACKENDS", "GenerationBackend", "StopInCompletion", "TransformersBackend", "check_backend_name",
+           "create_backend", "cut_at_eos", "cut_at_stop", "left_pad", "per_prompt_caps", "stop_length",
+           "strip_eos"]  # fmt: skip
 
 
 def cut_at_eos(ids: Sequence[int], eos_token_ids: Sequence[int], limit: int | None = None) -> list[int]:
@@ -132,11 +124,13 @@ class GenerationBackend:
         name: backend name.
         eos_token_ids: ids that end a completion.
         pad_token_id: filler id.
+        tokenizer: decodes completions for ``stop`` strings (``None``: no ``stop`` strings).
     """
 
     name: str = ""
     eos_token_ids: list[int]
     pad_token_id: int
+    tokenizer = None
 
     def generate(
         self,
@@ -160,7 +154,19 @@ class GenerationBackend:
         Returns:
             One completion per prompt: token ids up to and including the first EOS or the token that completes a
             stop string (neither when the cap was hit).
+
+        Raises:
+            ValueError: not one cap per prompt, or ``stop`` strings and no ``tokenizer``.
         """
+        caps = per_prompt_caps(prompts, max_new_tokens)
+        if stop and self.tokenizer is None:
+            raise ValueError(f"stop strings need the backend's tokenizer: build {type(self).__name__}(tokenizer=...).")
+        raw = self._sample(prompts, sampling, caps, seed, desc, stop) if prompts else []
+        cut = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(raw, caps, strict=True)]
+        return [cut_at_stop(c, self.tokenizer, stop) for c in cut]
+
+    def _sample(self, prompts, sampling: SamplingSettings, caps: list[int], seed: int, desc: str, stop) -> list:
+        """One completion per prompt (a non-empty list), to be cut by ``generate``; ``caps``: one per prompt."""
         raise NotImplementedError
 
     def tandem(
@@ -180,6 +186,11 @@ class GenerationBackend:
             The [`Rollout`][tandem_grpo.rollout.Rollout]: ids up to and including the first EOS, authorship, unit
             starts and ``seeds``.
         """
+        empty = Rollout([], [], [], [], [])
+        return self._tandem(prompts, sampling, rule, max_new_tokens, seed, desc) if prompts else empty
+
+    def _tandem(self, prompts, sampling: SamplingSettings, rule: HandoffRule, cap: int, seed: int, desc: str):
+        """``tandem`` of a non-empty list of prompts."""
         raise NotImplementedError
 
 
@@ -247,17 +258,7 @@ class TransformersBackend(GenerationBackend):
                 bar.update(len(batch))
 
     @torch.no_grad()
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        *,
-        max_new_tokens: int | Sequence[int],
-        seed: int = 0,
-        desc: str = "generate",
-        stop: Sequence[str] = (),
-    ) -> list[list[int]]:
-        caps = per_prompt_caps(prompts, max_new_tokens)
+    def _sample(self, prompts, sampling: SamplingSettings, caps: list[int], seed: int, desc: str, stop) -> list:
         out: list[list[int]] = []
         for b, start, input_ids, attention_mask in self._batches(prompts, desc):
             batch_caps = caps[start : start + self.batch_size]
@@ -282,24 +283,11 @@ class TransformersBackend(GenerationBackend):
                         [StopInCompletion(self.tokenizer, stop, width)] if stop else []
                     ),
                 )
-            completions = generated[:, width:].tolist()
-            out.extend(
-                cut_at_stop(cut_at_eos(c, self.eos_token_ids, cap), self.tokenizer, stop)
-                for c, cap in zip(completions, batch_caps, strict=True)
-            )
+            out.extend(generated[:, width:].tolist())
         return out
 
     @torch.no_grad()
-    def tandem(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        rule: HandoffRule,
-        *,
-        max_new_tokens: int,
-        seed: int = 0,
-        desc: str = "tandem",
-    ) -> Rollout:
+    def _tandem(self, prompts, sampling: SamplingSettings, rule: HandoffRule, cap: int, seed: int, desc: str):
         """[`tandem_generate`][tandem_grpo.generation.tandem_generate] over batches of ``batch_size`` prompts with
         ``junior``; batch ``b``'s token draws use a generator seeded ``derive_seed(seed, "tokens", b)``.
 
@@ -326,11 +314,72 @@ class TransformersBackend(GenerationBackend):
                     rule=rule,
                     tables=self._tables,
                     sampling=sampling,
-                    max_new_tokens=max_new_tokens,
+                    max_new_tokens=cap,
                     eos_token_ids=self.eos_token_ids,
                     pad_token_id=self.pad_token_id,
                     seeds=torch.tensor(coins, dtype=torch.long, device=self.device),
                     generator=generator,
                 )  # fmt: skip
             )
-        return Rollout.concatenate(parts) if parts else Rollout([], [], [], [], [])
+        return Rollout.concatenate(parts)
+
+
+BACKENDS = ("transformers", "vllm")
+"""The backend names of ``tandem-grpo evaluate --backend``."""
+
+
+def check_backend_name(name: str) -> None:
+    """Raise ``ValueError`` for a backend name this version cannot run, listing the ones it can
+    ([`BACKENDS`][tandem_grpo.backends.BACKENDS])."""
+    if name not in BACKENDS:
+        raise ValueError(f"Unknown backend {name!r}; choose one of {list(BACKENDS)}.")
+
+
+def create_backend(
+    name: str,
+    model,
+    tokenizer,
+    *,
+    junior=None,
+    show_progress: bool = True,
+    batch_size: int = 16,
+    max_model_len: int | None = None,
+    concurrent: int = 0,
+    seed: int = 0,
+    **kwargs,
+) -> GenerationBackend:
+    """The backend ``name`` of [`BACKENDS`][tandem_grpo.backends.BACKENDS] for a loaded ``model``:
+    [`TransformersBackend`][tandem_grpo.backends.TransformersBackend], or
+    [`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend] (the process's shared tandem vLLM engine, every prompt
+    of a call at once). Each takes the keyword arguments it uses; teacher-forced scoring (legibility) runs on the
+    transformers models whatever the backend.
+
+    Args:
+        model: the loaded causal LM to sample (``"vllm"``: the engine loads the folder it was loaded from,
+            ``model.name_or_path``, in its dtype).
+        tokenizer: ``model``'s tokenizer.
+        junior: the run's loaded junior, the partner of tandem co-generation (default ``None``: no tandem on
+            ``"transformers"``; ``model`` itself on ``"vllm"``).
+        show_progress: draw progress bars.
+        batch_size: prompts per transformers ``generate`` call (``"transformers"`` only).
+        max_model_len: longest prompt plus completion, in tokens: the vLLM engine's (required for ``"vllm"``).
+        concurrent: completions the run asks for at once, which size the vLLM engine's KV cache on a CPU (``0``:
+            vLLM's own size; ``"vllm"`` only).
+        seed: the vLLM engine's seed.
+        **kwargs: further arguments of the backend (``eos_token_ids`` of ``TransformersBackend``).
+
+    Raises:
+        ValueError: an unknown backend name ([`check_backend_name`][tandem_grpo.backends.check_backend_name]), or the
+            backend refuses its arguments (no EOS id; ``"vllm"`` without ``max_model_len``, or with a junior of
+            another vocabulary).
+        ImportError: ``"vllm"`` without vLLM, or with one too old.
+    """
+    check_backend_name(name)
+    if name == "transformers":
+        return TransformersBackend(
+            model, tokenizer, junior=junior, show_progress=show_progress, batch_size=batch_size, **kwargs
+        )
+    from .vllm.evaluation import vllm_backend  # vLLM is optional: imported only for this backend
+
+    return vllm_backend(model, tokenizer, junior=junior, show_progress=show_progress, max_model_len=max_model_len,
+                        concurrent=concurrent, seed=seed, **kwargs)  # fmt: skip

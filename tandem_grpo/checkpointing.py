@@ -1,13 +1,7 @@
-"""Resume from the last *complete* checkpoint, past any that an interrupt left half-written.
-
-transformers' ``Trainer._save_checkpoint`` (5.19) writes ``checkpoint-N`` in place, in this order: the model
-(weights, config, tokenizer, ``training_args.bin``), optimizer, scheduler, RNG states, then ``trainer_state.json``;
-only then does ``save_total_limit`` delete older checkpoints. There is no temporary folder and no rename (two upstream
-attempts at that, transformers PRs #27820 and #35580, are no longer in the code). A process killed mid-write (SIGTERM
-or SIGKILL from a scheduler, Ctrl-C during the save, a lost node) therefore leaves a ``checkpoint-N`` without
-``trainer_state.json``, and ``train(resume_from_checkpoint=True)``, which takes the highest-numbered ``checkpoint-N``
-folder whatever it holds (``transformers.trainer_utils.get_last_checkpoint``), fails on it with ``FileNotFoundError``
-although the checkpoint before it is complete and still there.
+"""Resume from the last *complete* checkpoint, past any that an interrupt left half-written: transformers (5.19) writes
+``checkpoint-N`` in place, ``trainer_state.json`` last, and ``resume_from_checkpoint=True`` takes the
+highest-numbered folder whatever it holds, so a save cut short fails the resume (``FileNotFoundError``; details:
+docs/api/checkpointing.md).
 
 :class:`ResumeFromCompleteCheckpoint` makes ``resume_from_checkpoint=True`` take the highest-numbered complete
 checkpoint instead; an explicit path is used as given. Nothing is deleted: the resumed run writes the skipped folders

@@ -167,6 +167,12 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
             f"of {groups} (e.g. per_device_train_batch_size {groups})."
         )
 
+    @property
+    def co_generates(self) -> bool:
+        """Whether training rollouts are co-generated: ``False`` where the senior writes alone (the ``kl_to_junior``
+        ablation, or [`sole_writer`][tandem_grpo.handoff.HandoffRule.sole_writer] ``"senior"``)."""
+        return not self.kl_to_junior and self.handoff_rule.sole_writer != "senior"
+
     @classmethod
     def from_grpo_config(cls, config: GRPOConfig, **tandem_fields) -> TandemGRPOConfig:
         """A TandemGRPOConfig with every field of an existing ``GRPOConfig``, plus ``tandem_fields`` (unlike

@@ -1,23 +1,10 @@
 """Several processes without a GPU: make accelerate count them under DeepSpeed and FSDP.
 
-``accelerate launch`` with a DeepSpeed or FSDP config starts one process per rank and tells each, through
-environment variables (``ACCELERATE_USE_DEEPSPEED`` / ``ACCELERATE_USE_FSDP``, ``WORLD_SIZE``, ``LOCAL_RANK``), how to
-join the others. On a machine without a GPU, accelerate (1.15) picks no communication backend for them:
-
-- DeepSpeed: DeepSpeed's own process group has every rank, but the ``Accelerator`` reports
-  ``num_processes == 1``. Each rank then loads the whole batch, draws its coins as rank 0, and TRL's frozen models
-  fail (``train_batch_size is not equal to micro_batch_per_gpu * gradient_acc_step * world_size``).
-  ``ACCELERATE_USE_CPU=true`` is no way out: it turns DeepSpeed off (plain DDP) while transformers still loads the
-  models ZeRO-3-partitioned (``Padding_idx must be within num_embeddings`` in the first rollout).
-- FSDP: ``AcceleratorState`` turns FSDP on only for processes of a device type (``MULTI_GPU``, ``MULTI_XPU``, ...),
-  never for ``MULTI_CPU``: each rank trains an unsharded copy alone, silently.
-
-Both work once the process state exists before the trainer builds its own: created with the gloo backend (which
-torch.distributed, DeepSpeed's CPU accelerator and FSDP2's collectives all run on) and, for FSDP, labelled as the
-device-type processes accelerate enables FSDP for (the device stays the CPU). The trainer must then use that state:
-``accelerator_config={"use_configured_state": True}`` (otherwise ``TrainingArguments`` resets it).
-[`cpu_process_state`][tandem_grpo.distributed.cpu_process_state] does both; ``examples/train_math.py`` and
-``tests/test_distributed.py`` call it.
+Without a GPU, accelerate (1.15) picks no communication backend for the ranks ``accelerate launch`` starts with a
+DeepSpeed or FSDP config: under DeepSpeed each rank's ``Accelerator`` sees one process, and FSDP is never turned on
+(docs/api/distributed.md gives what fails). [`cpu_process_state`][tandem_grpo.distributed.cpu_process_state]
+creates the process state first, with the gloo backend and, for FSDP, labelled as device-type processes (the device
+stays the CPU); the trainer must then keep it: ``accelerator_config={"use_configured_state": True}``.
 """
 
 from __future__ import annotations

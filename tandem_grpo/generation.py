@@ -102,21 +102,9 @@ def tandem_generate(
     batch = input_ids.shape[0]
     seeds = torch.arange(batch, device=input_ids.device) if seeds is None else seeds.to(input_ids.device)
     with co_generation_forward(senior, junior, batch, junior_context) as forward:
-        return _decode(
-            forward,
-            input_ids,
-            attention_mask,
-            rule=rule,
-            tables=tables,
-            tokenizer=tokenizer,
-            sampling=sampling,
-            max_new_tokens=max_new_tokens,
-            eos_token_ids=eos_token_ids,
-            pad_token_id=pad_token_id,
-            seeds=seeds,
-            generator=generator,
-            synced=synced,
-        )
+        return _decode(forward, input_ids, attention_mask, rule=rule, tables=tables, tokenizer=tokenizer,
+                       sampling=sampling, max_new_tokens=max_new_tokens, eos_token_ids=eos_token_ids,
+                       pad_token_id=pad_token_id, seeds=seeds, generator=generator, synced=synced)  # fmt: skip
 
 
 def _decode(

@@ -1,9 +1,7 @@
 """Run-time guards: a reward function's output is checked where it is returned, and a non-finite loss, log-prob or
-set of weights stops the run with a message that says where it happened and what to try.
-
-Each fault here used to surface far from its cause: a reward returning one float failed as ``'float' object is not
-iterable`` inside TRL; a NaN loss was logged as 0 (transformers' ``logging_nan_inf_filter``), the optimizer wrote NaN
-weights, and the next rollout crashed in ``torch.multinomial``.
+set of weights stops the run with a message that says where it happened and what to try, before the fault spreads
+(TRL reads rewards without checking them; transformers logs a NaN loss as 0, ``logging_nan_inf_filter``, and the
+optimizer would write NaN weights).
 """
 
 from __future__ import annotations

@@ -50,14 +50,11 @@ class HandoffSettings:
 
     Attributes:
         handoff_mode (str): ``"after_boundary"`` (default; the paper authors' rule: a coin after each boundary
-            token) or ``"whole_unit"`` (each unit written by one model); see docs/method.md, "The two handoff
-            rules".
-        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or
-            ``"sentence"``.
+            token) or ``"whole_unit"`` (each unit written by one model); docs/method.md, "The two handoff rules".
+        handoff_granularity (str): what a unit is: ``"token"``, ``"word"`` (default; the paper's) or ``"sentence"``.
         junior_probability (float): chance in [0, 1] that the junior writes a new unit (default 0.5, the paper's);
             ``0`` leaves the senior alone (plain GRPO rollouts in training).
-        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, the
-            paper's).
+        max_gap_tokens (int): a unit lasting this many tokens (>= 1) forces a handoff decision (default 32, paper).
 
     Raises:
         ValueError: a value outside its range, naming the field, the value and the range.
@@ -84,8 +81,7 @@ class HandoffSettings:
     def __post_init__(self) -> None:
         validate_rule_fields(self.handoff_granularity, self.junior_probability, self.max_gap_tokens, self.handoff_mode)
         # In TandemGRPOConfig(HandoffSettings, GRPOConfig) the next __post_init__ is GRPOConfig's; alone, none.
-        following = getattr(super(), "__post_init__", None)
-        if following is not None:
+        if (following := getattr(super(), "__post_init__", None)) is not None:
             following()
 
     @property
@@ -94,12 +90,8 @@ class HandoffSettings:
         return HandoffRule.from_config(self)
 
 
-RULE_FIELDS = {
-    "granularity": "handoff_granularity",
-    "junior_probability": "junior_probability",
-    "max_gap_tokens": "max_gap_tokens",
-    "mode": "handoff_mode",
-}
+RULE_FIELDS = {"granularity": "handoff_granularity", "junior_probability": "junior_probability",
+               "max_gap_tokens": "max_gap_tokens", "mode": "handoff_mode"}  # fmt: skip
 """Each [`HandoffRule`][tandem_grpo.handoff.HandoffRule] field and the
 [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] field it is declared by (the rule's names are shorter)."""
 
@@ -130,13 +122,26 @@ class HandoffRule:
     @classmethod
     def from_config(cls, config) -> HandoffRule:
         """The rule of an object with the [`HandoffSettings`][tandem_grpo.handoff.HandoffSettings] fields, e.g.
-        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used). Values are checked
-        (``ValueError``) before any conversion."""
-        granularity = config.handoff_granularity
-        probability, max_gap = config.junior_probability, config.max_gap_tokens
+        ``TandemGRPOConfig``; ``handoff_mode`` may be missing (its default is used); as ``checked``."""
         mode = getattr(config, "handoff_mode", _DECLARED["handoff_mode"].default)
-        validate_rule_fields(granularity, probability, max_gap, mode)
-        return cls(granularity, float(probability), int(max_gap), mode)
+        return cls.checked(config.handoff_granularity, config.junior_probability, config.max_gap_tokens, mode)
+
+    @classmethod
+    def checked(cls, granularity, junior_probability, max_gap_tokens, mode) -> HandoffRule:
+        """The rule of raw values (a config's, a request's), checked (``ValueError``) before any conversion."""
+        validate_rule_fields(granularity, junior_probability, max_gap_tokens, mode)
+        return cls(granularity, float(junior_probability), int(max_gap_tokens), mode)
+
+    @property
+    def sole_writer(self) -> str | None:
+        """``"senior"`` (``junior_probability`` 0) or ``"junior"`` (1) where one model writes every token, else
+        ``None``: whether the junior runs at all, the one test the trainer, TRL generation and the evaluation make."""
+        return {0.0: "senior", 1.0: "junior"}.get(float(self.junior_probability))
+
+    @classmethod
+    def alone(cls, writer: str) -> HandoffRule:
+        """The rule under which ``writer`` (``"senior"`` or ``"junior"``) writes every token."""
+        return cls("token", 1.0 if writer == "junior" else 0.0)
 
 
 def validate_rule_fields(
@@ -242,17 +247,9 @@ def _fmix32(h: torch.Tensor) -> torch.Tensor:
 
 
 def draw_owners(seeds: torch.Tensor, unit_index: torch.Tensor, junior_probability: float) -> torch.Tensor:
-    """Owner of unit ``unit_index`` of each sequence: ``JUNIOR`` iff ``hash(seed, unit_index) / 2**32 <
-    junior_probability``; deterministic per (seed, unit), independent across units and seeds.
-
-    Args:
-        seeds: long ``[B]``, the coin-stream seed of each sequence.
-        unit_index: long ``[B]``, the unit to draw an owner for.
-        junior_probability: chance in [0, 1] that the unit is the junior's.
-
-    Returns:
-        long ``[B]`` of ``SENIOR``/``JUNIOR``.
-    """
+    """Owner (long ``[B]``, ``SENIOR``/``JUNIOR``) of unit ``unit_index`` (long ``[B]``) of each sequence:
+    ``JUNIOR`` iff ``hash(seed, unit_index) / 2**32 < junior_probability`` (in [0, 1]); deterministic per (seed, unit),
+    independent across units and seeds (``seeds``: long ``[B]``, each sequence's coin-stream seed)."""
     key = (_fmix32(seeds.long() & _MASK32) + unit_index.long() * 0x9E3779B9) & _MASK32
     u = _fmix32(key).double() / 2.0**32
     return torch.where(u < junior_probability, JUNIOR, SENIOR).long()
@@ -324,16 +321,15 @@ def mixture_logprobs(
     (top-k/top-p/min-p) comes after, on the mixture.
 
     Args:
-        senior_logprobs: float ``[B, V]``, the senior's normalized log-probabilities after temperature and
-            repetition penalty.
+        senior_logprobs: float ``[B, V]``, the senior's log-probabilities after temperature and penalties.
         junior_logprobs: float ``[B, V]``, the junior's, after the same transforms.
         state: the rule state before this position.
         boundary: bool ``[B, V]`` from [`boundary_mask`][tandem_grpo.handoff.boundary_mask].
         sync_strategy: whether and how the call waits on the device to find the rows reshaped on ``B``
             ([`handoff_rows`][tandem_grpo.handoff.handoff_rows]); same values in every mode. ``"detect"``
             (default): syncs, for the NaN check and to reshape the switching rows alone. ``"masked"``: no sync,
-            no NaN check (use [`nonfinite_flags`][tandem_grpo.handoff.nonfinite_flags]), reshaping computed on
-            every row. ``"none"``: no sync, no check, no row reshaped (right under ``"after_boundary"``).
+            no NaN check, reshaping computed on every row. ``"none"``: no sync, no check, no row reshaped (right
+            under ``"after_boundary"``).
 
     Returns:
         float ``[B, V]``: ``log P``, normalized, ``-inf`` where ``P`` is 0.
@@ -374,21 +370,6 @@ def _reshape_on_boundary(o_lp: torch.Tensor, n_lp: torch.Tensor, boundary: torch
     return torch.where(boundary, o_mass_b + n_given_b, o_lp)
 
 
-def nonfinite_flags(senior_logprobs: torch.Tensor, junior_logprobs: torch.Tensor) -> torch.Tensor:
-    """bool ``[2]`` on the inputs' device: whether the senior's, the junior's log-probabilities hold NaN; the
-    sync-free check, raised later by [`raise_nonfinite`][tandem_grpo.handoff.raise_nonfinite]."""
-    return torch.stack([torch.isnan(senior_logprobs).any(), torch.isnan(junior_logprobs).any()])
-
-
-def raise_nonfinite(flags: torch.Tensor) -> None:
-    """Raise ``FloatingPointError`` if ``flags`` (``nonfinite_flags``, maybe OR-ed over steps) shows NaN; one sync."""
-    senior_bad, junior_bad = flags.tolist()
-    if senior_bad:
-        require_finite_logprobs(torch.tensor([float("nan")]), "senior")
-    if junior_bad:
-        require_finite_logprobs(torch.tensor([float("nan")]), "junior")
-
-
 def handoff_rows(state: HandoffState, boundary: torch.Tensor) -> torch.Tensor:
     """bool ``[B]``: rows whose next token may change the owner within a proper, non-empty ``B`` (``"whole_unit"``
     only), the only rows where ``P`` differs from one model's distribution. ``boundary``: ``boundary_mask``'s."""
@@ -424,14 +405,10 @@ def advance(
 def boundary_coefficients(
     state: HandoffState, authors: torch.Tensor, unit_start: torch.Tensor, tables: BoundaryTables, rule: HandoffRule
 ) -> torch.Tensor:
-    """Coefficient of ``log p_s(B)`` in the senior's exact score term of the token just drawn, long ``[B]``.
-
-    ``-1`` where the senior takes a unit over, ``+1`` where it hands one to the junior, ``0`` elsewhere (including
-    wherever ``B`` is every token, so always under ``"after_boundary"``).
-
-    ``state`` is the one *before* the token, ``authors`` and ``unit_start`` what
-    [`advance`][tandem_grpo.handoff.advance] returned for it, ``tables`` and ``rule`` what it was given.
-    """
+    """Coefficient of ``log p_s(B)`` in the senior's exact score term of the token just drawn, long ``[B]``: ``-1``
+    where the senior takes a unit over, ``+1`` where it hands one to the junior, ``0`` elsewhere (wherever ``B`` is
+    every token, so always under ``"after_boundary"``). ``state`` is the one *before* the token; ``authors`` and
+    ``unit_start`` what [`advance`][tandem_grpo.handoff.advance] returned for it, given ``tables`` and ``rule``."""
     table, forced = _unit_starts(state, tables, rule)
     partial = unit_start & ~forced & ~table.all()
     handoff = partial & (state.owner != authors)
@@ -458,12 +435,10 @@ class HandoffTrace:
 def replay(
     completion_ids: torch.Tensor, seeds: torch.Tensor, tables: BoundaryTables, rule: HandoffRule
 ) -> HandoffTrace:
-    """Rebuild authorship and the senior's score coefficients from the tokens and seeds alone.
-
-    ``completion_ids`` is long ``[B, T]`` (positions after a sequence's end may hold anything: mask them yourself),
-    ``seeds`` long ``[B]``; ``seeds``, ``tables`` and ``rule`` must be those the completions were generated with.
-    Returns a [`HandoffTrace`][tandem_grpo.handoff.HandoffTrace] of ``[B, T]`` tensors.
-    """
+    """Rebuild authorship and the senior's score coefficients from the tokens and seeds alone: a
+    [`HandoffTrace`][tandem_grpo.handoff.HandoffTrace] of ``[B, T]`` tensors. ``completion_ids`` is long ``[B, T]``
+    (positions after a sequence's end may hold anything: mask them yourself), ``seeds`` long ``[B]``; ``seeds``,
+    ``tables`` and ``rule`` must be those the completions were generated with."""
     state = init_state(seeds.to(completion_ids.device), rule)
     tables = tables.to(completion_ids.device)
     authors, starts, coefs = [], [], []
@@ -488,15 +463,9 @@ def replay_authorship(
 
 
 def boundary_logprobs(logprobs: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
-    """``log p(B)`` for each row: the log of the mass a distribution puts on the token set ``B``.
-
-    Args:
-        logprobs: float ``[N, V]``, log-probabilities or logits (the result normalizes itself).
-        ids: bool ``[V]``, the set ``B`` ([`unit_start_ids`][tandem_grpo.handoff.unit_start_ids]).
-
-    Returns:
-        float ``[N]``; differentiable.
-    """
+    """``log p(B)``, float ``[N]`` (differentiable): the log of the mass each row of ``logprobs`` (float ``[N, V]``,
+    log-probabilities or logits: the result normalizes itself) puts on the token set ``ids`` (bool ``[V]``,
+    [`unit_start_ids`][tandem_grpo.handoff.unit_start_ids])."""
     inside = logprobs.masked_fill(~ids.to(logprobs.device), float("-inf"))
     return torch.logsumexp(inside, dim=-1) - torch.logsumexp(logprobs, dim=-1)
 
@@ -513,14 +482,14 @@ def senior_token_terms(
 
     Args:
         token_logprobs: float ``[..., T]``, ``log p_s(x_t)`` of every token (any value on junior tokens).
-        boundary_logprob: float ``[..., T]``, ``log p_s(B_t)`` where ``boundary_coef != 0`` (any finite value
-            elsewhere; see [`boundary_logprobs`][tandem_grpo.handoff.boundary_logprobs]).
-        authorship: ``[..., T]``, 1 senior, 0 junior.
-        boundary_coef: ``[..., T]`` in {-1, 0, 1} ([`replay`][tandem_grpo.handoff.replay]).
+        boundary_logprob: float ``[..., T]``, ``log p_s(B_t)`` where ``boundary_coef != 0``
+            ([`boundary_logprobs`][tandem_grpo.handoff.boundary_logprobs]; any finite value elsewhere).
+        authorship: ``[..., T]``, 1 senior, 0 junior; ``boundary_coef``: ``[..., T]`` in {-1, 0, 1}
+            ([`replay`][tandem_grpo.handoff.replay]).
 
     Returns:
-        ``(terms, mask)``: float ``[..., T]``, 0 where the senior has no factor, and bool ``[..., T]``, the
-        positions whose term involves the senior.
+        ``(terms, mask)``: float ``[..., T]`` (0 where the senior has no factor) and bool ``[..., T]`` (the
+        positions whose term involves the senior).
     """
     senior = authorship.bool()
     coef = boundary_coef.to(token_logprobs.dtype)

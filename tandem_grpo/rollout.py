@@ -185,7 +185,7 @@ class Rollout:
         """The rollout of what the tandem vLLM engine returned: the record replayed
         ([`replay`][tandem_grpo.rollout.Rollout.replay]) and checked against the engine's authorship, and the senior's
         score terms from vLLM's ``log P`` and the processor's record
-        ([`tandem_grpo.vllm.processor`][tandem_grpo.vllm.processor]).
+        ([`tandem_grpo.vllm.processor_v1`][tandem_grpo.vllm.processor_v1]).
 
         Args:
             completion_ids: token ids per completion, from vLLM.

@@ -117,13 +117,7 @@ class SamplingSettings:
     def from_config(cls, config) -> SamplingSettings:
         """The settings of any object with TRL's five sampling attributes (``GRPOConfig``, ``GRPOTrainer``, ...);
         ``ValueError`` as the constructor."""
-        return cls(
-            temperature=config.temperature,
-            top_p=config.top_p,
-            top_k=config.top_k,
-            min_p=config.min_p,
-            repetition_penalty=config.repetition_penalty,
-        )
+        return cls(**{name: getattr(config, name) for name in SAMPLING_FIELDS})
 
     def truncate(self, logprobs: torch.Tensor) -> torch.Tensor:
         """[`truncate_logprobs`][tandem_grpo.sampling.truncate_logprobs] with these settings, ``[B, V]``."""
@@ -131,6 +125,10 @@ class SamplingSettings:
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
+
+
+SAMPLING_FIELDS = tuple(f.name for f in dataclasses.fields(SamplingSettings))
+"""The names of the [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings] fields (TRL's ``GRPOConfig`` names)."""
 
 
 def _per_row(value: float | int | torch.Tensor, rows: int, like: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -232,8 +230,6 @@ def default_eos_token_ids(tokenizer, generation_config=None) -> list[int]:
 
 # --------------------------------------------------------------- settings from `generate`'s keyword arguments
 
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-
 # Keys of `generate` that change nothing at these values (None: `GenerationConfig`'s "unset").
 _INERT = {
     "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "diversity_penalty": (0.0,),
@@ -272,7 +268,7 @@ def _refusal(key: str, value, eos_token_ids: list[int], scoring_temperature: flo
         if set(ids) != set(eos_token_ids):
             return f"co-generation ends completions at the trainer's EOS ids {sorted(eos_token_ids)}"
         return None
-    if key in _SAMPLING_KEYS or key == "max_new_tokens" or key in _INERT_ALWAYS or value is None:
+    if key in SAMPLING_FIELDS or key == "max_new_tokens" or key in _INERT_ALWAYS or value is None:
         return None
     if value in _INERT.get(key, ()):
         return None
@@ -311,7 +307,7 @@ def sampling_from_generation_kwargs(
                 f"{key!r} from GRPOConfig.generation_kwargs, or keep it with senior-only rollouts "
                 "(junior_probability=0 or kl_to_junior=True)."
             )
-        if key in _SAMPLING_KEYS and value is not None:
+        if key in SAMPLING_FIELDS and value is not None:
             sampling[key] = value
         elif key == "max_new_tokens" and value is not None:
             cap = int(value)

@@ -73,7 +73,7 @@ KEY_OBJECTS = [
     ("api/evaluation/runner/index.html", "tandem_grpo.evaluation.runner.evaluate"),
     ("api/evaluation/stats/index.html", "tandem_grpo.evaluation.stats.pass_at_k"),
     ("api/vllm/index.html", "tandem_grpo.vllm._compat.check_vllm"),
-    ("api/vllm/processor/index.html", "tandem_grpo.vllm.processor.TandemLogitsProcessor"),
+    ("api/vllm/processor_v1/index.html", "tandem_grpo.vllm.processor_v1.TandemLogitsProcessor"),
 ]
 
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from tandem_grpo.evaluation.backends import (
+from tandem_grpo.backends import (
     GenerationBackend,
     StopInCompletion,
     TransformersBackend,

@@ -17,7 +17,7 @@ from conftest import SHARED_DATA, assert_same_token_distributions, skip_without_
 
 skip_without_vllm()
 
-from tandem_grpo.evaluation.backends import TransformersBackend  # noqa: E402
+from tandem_grpo.backends import TransformersBackend  # noqa: E402
 from tandem_grpo.evaluation.cli import main  # noqa: E402
 from tandem_grpo.evaluation.schedules import (  # noqa: E402
     alternating_schedule,

@@ -4,6 +4,7 @@ choices from it, and a change there reaches all of them."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import re
 import subprocess
@@ -128,3 +129,20 @@ def test_an_edit_of_the_declaration_reaches_trainer_rule_and_evaluation():
     lines = done.stdout.splitlines()
     for expected in ("config 17 17", "rule 17", "trl 17", "evaluate 17", "trl help True", "evaluate help True"):
         assert expected in lines, f"{expected!r} not in {lines}"
+
+
+def test_whether_the_junior_runs_is_decided_by_the_rule_alone():
+    """One test, ``HandoffRule.sole_writer``, tells the trainer, TRL generation and the evaluation whether the junior
+    runs: nobody else compares ``junior_probability`` with 0 or 1."""
+    assert [HandoffRule("word", p).sole_writer for p in (0.0, 0.3, 1.0)] == ["senior", None, "junior"]
+    assert HandoffRule.alone("junior").sole_writer == "junior" and HandoffRule.alone("senior").sole_writer == "senior"
+    config = dict(output_dir="unused", report_to="none", use_cpu=True)
+    assert TandemGRPOConfig(**config, junior_probability=0.5).co_generates
+    assert TandemGRPOConfig(**config, junior_probability=1.0).co_generates  # the junior writes: co-generation
+    assert not TandemGRPOConfig(**config, junior_probability=0.0).co_generates
+    assert not TandemGRPOConfig(**config, junior_probability=0.5, kl_to_junior=True, beta=0.04).co_generates
+    package = HANDOFF_PY.parent
+    for path in (package / "trainer.py", package / "vllm" / "trl_generation.py", package / "vllm" / "evaluation.py"):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names = {getattr(n, "attr", getattr(n, "id", None)) for n in ast.walk(node)}
+            assert not (isinstance(node, ast.Compare) and "junior_probability" in names), (path.name, node.lineno)

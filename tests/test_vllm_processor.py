@@ -30,9 +30,9 @@ from tandem_grpo.handoff import (  # noqa: E402
 )
 from tandem_grpo.sampling import SamplingSettings, truncate_logprobs  # noqa: E402
 from tandem_grpo.vllm._slot import put_junior_logits  # noqa: E402
-from tandem_grpo.vllm.processor import TandemLogitsProcessor  # noqa: E402
+from tandem_grpo.vllm.processor_v1 import TandemLogitsProcessor  # noqa: E402
 from tandem_grpo.vllm.request_args import TEMPERATURE_KEY, tandem_extra_args  # noqa: E402
-from tandem_grpo.vllm.side_records import STATE_FIELDS, _Record, pack_state, pop_records, unpack_state  # noqa: E402
+from tandem_grpo.vllm.side_records import STATE_FIELDS, Record, pack_state, pop_records, unpack_state  # noqa: E402
 
 pytestmark = pytest.mark.vllm
 
@@ -42,7 +42,7 @@ def _processor(tables: BoundaryTables) -> TandemLogitsProcessor:
     config = SimpleNamespace(model_config=SimpleNamespace(hf_config=hf_config))
     processor = TandemLogitsProcessor(config, torch.device("cpu"), False)
     for width in range(tables.vocab_size, tables.vocab_size + 8):  # what it would build from the engine's tokenizer
-        processor._tables[width] = (tables, tables)
+        processor._tables[width] = tables
     return processor
 
 
@@ -166,7 +166,7 @@ def test_state_layout_round_trips_between_state_tensor_and_record():
     back = unpack_state(packed, state.seeds)
     for name in (*STATE_FIELDS, "seeds"):
         assert torch.equal(getattr(back, name), getattr(state, name)), name
-    record = _Record(uid="u", seed=12, rule=HandoffRule("word"), prompt_len=1, owner=1, next_owner=1)
+    record = Record(uid="u", seed=12, rule=HandoffRule("word"), prompt_len=1, owner=1, next_owner=1)
     record.set_state_row(packed[1].tolist())
     assert (record.owner, record.next_owner, record.unit_length, record.unit_index) == (0, 1, 7, 9)
     assert record.unit_ended is False and record.state_row() == packed[1].tolist()

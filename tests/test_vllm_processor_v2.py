@@ -130,7 +130,7 @@ def _processor(tables: BoundaryTables, speculative_config=None):
     def build(req_states):
         processor = TandemLogitsProcessorV2(config, req_states)
         for width in range(tables.vocab_size, tables.vocab_size + 8):  # what it builds from the engine's tokenizer
-            processor._tables[width] = (tables, tables)
+            processor._tables[width] = tables
         return processor
 
     return build
@@ -321,7 +321,7 @@ def test_v2_requests_come_at_temperature_one():
         )
 
 
-PROCESSOR_FILE = "tandem_grpo/vllm/processor_v2.py"
+PROCESSOR_FILES = tuple(f"tandem_grpo/vllm/{name}.py" for name in ("processor_v2", "mixing", "side_records"))
 _SYNCS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__", "nonzero", "cpu", "numpy")
 
 
@@ -342,7 +342,7 @@ def _count_apply(runner: _Runner, order: list[str], vocab: int, monkeypatch) -> 
         monkeypatch.setattr(torch.Tensor, name, counted)
 
     def tracer(frame, event, arg):
-        if event == "line" and frame.f_code.co_filename.endswith(PROCESSOR_FILE):
+        if event == "line" and frame.f_code.co_filename.endswith(PROCESSOR_FILES):
             lines[0] += 1
         return tracer
 

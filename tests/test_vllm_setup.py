@@ -118,7 +118,7 @@ def test_server_command_carries_the_tandem_flags(monkeypatch, tiny_checkpoint):
     assert overrides["architectures"] == ["TandemForCausalLM"]
     assert overrides["tandem_architectures"] == ["LlamaForCausalLM"]
     assert "tandem_junior_path" not in overrides  # self-pairing by default
-    assert command[command.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor:TandemLogitsProcessor"
+    assert command[command.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor_v1:TandemLogitsProcessor"
     monkeypatch.setenv("VLLM_USE_V2_MODEL_RUNNER", "1")  # a GPU's default: the V2 processor, async scheduling on
     v2 = server_command(["--model", tiny_checkpoint, "--port", "8011"])
     assert v2[v2.index("--logits-processors") + 1] == "tandem_grpo.vllm.processor_v2:TandemLogitsProcessorV2"

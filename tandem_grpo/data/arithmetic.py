@@ -12,33 +12,11 @@ from .instructions import INSTRUCTION
 __all__ = ["BUILTIN_TASKS", "arithmetic_chains", "arithmetic_word_problems", "builtin_problems", "builtin_split"]
 
 _NAMES: tuple[tuple[str, str], ...] = (
-    ("Mia", "she"),
-    ("Liam", "he"),
-    ("Emma", "she"),
-    ("Noah", "he"),
-    ("Olivia", "she"),
-    ("Lucas", "he"),
-    ("Ava", "she"),
-    ("Ethan", "he"),
-    ("Sofia", "she"),
-    ("Leo", "he"),
-    ("Zoe", "she"),
-    ("Omar", "he"),
-)
-_OBJECTS: tuple[str, ...] = (
-    "apples",
-    "marbles",
-    "stickers",
-    "pencils",
-    "cookies",
-    "books",
-    "balloons",
-    "shells",
-    "stamps",
-    "oranges",
-    "toy cars",
-    "crayons",
-)
+    ("Mia", "she"), ("Liam", "he"), ("Emma", "she"), ("Noah", "he"), ("Olivia", "she"), ("Lucas", "he"),
+    ("Ava", "she"), ("Ethan", "he"), ("Sofia", "she"), ("Leo", "he"), ("Zoe", "she"), ("Omar", "he"),
+)  # fmt: skip
+_OBJECTS: tuple[str, ...] = ("apples", "marbles", "stickers", "pencils", "cookies", "books", "balloons", "shells",
+                             "stamps", "oranges", "toy cars", "crayons")  # fmt: skip
 
 # Each template uses {a} and {b} once each (the two operands, in that order) and may use {name},
 # {friend}, {pron} (she/he), {Pron} (She/He) and {objs} (a plural noun).

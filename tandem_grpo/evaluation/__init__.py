@@ -9,7 +9,7 @@ One module per measurement, each with its estimator, interval and null: [`solo`]
 statistics in [`stats`][tandem_grpo.evaluation.stats], and [`runner`][tandem_grpo.evaluation.runner] orchestrates.
 """
 
-from .backends import GenerationBackend, TransformersBackend, create_backend
+from ..backends import GenerationBackend, TransformersBackend, create_backend
 from .config import EvaluationConfig, EvaluationError
 from .junior_legibility import legibility
 from .runner import evaluate
@@ -18,24 +18,7 @@ from .solo import capability, pass_at_k_curve
 from .stats import bootstrap_mean, pass_at_k
 from .steps import handover_region, prefix_end, split_steps, step_spans
 
-__all__ = [
-    "EvaluationConfig",
-    "EvaluationError",
-    "GenerationBackend",
-    "ScheduleOutput",
-    "TransformersBackend",
-    "alternating_schedule",
-    "bootstrap_mean",
-    "capability",
-    "create_backend",
-    "evaluate",
-    "handover_region",
-    "legibility",
-    "pass_at_k",
-    "pass_at_k_curve",
-    "prefix_end",
-    "split_steps",
-    "step_schedule",
-    "step_spans",
-    "training_rule_schedule",
-]
+__all__ = ["EvaluationConfig", "EvaluationError", "GenerationBackend", "ScheduleOutput", "TransformersBackend",
+           "alternating_schedule", "bootstrap_mean", "capability", "create_backend", "evaluate", "handover_region",
+           "legibility", "pass_at_k", "pass_at_k_curve", "prefix_end", "split_steps", "step_schedule", "step_spans",
+           "training_rule_schedule"]  # fmt: skip

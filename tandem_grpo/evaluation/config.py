@@ -11,10 +11,10 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..backends import BACKENDS, check_backend_name
 from ..data import INSTRUCTIONS, ROW_FORMAT_HELP
 from ..handoff import HandoffRule
-from ..sampling import SamplingSettings
-from .backends import BACKENDS, check_backend_name
+from ..sampling import SAMPLING_FIELDS, SamplingSettings
 from .drift import DEFAULT_DRIFT_PREFIX_TOKENS
 from .schedules import MAX_ROUNDS
 from .solo import DEFAULT_CURVE_MAX_K
@@ -53,7 +53,6 @@ PRESET_SOURCES = {
     "paper": "CSSLab/Tandem-RLVR eval/config.py (TEMPERATURE, TOP_P, TOP_K, MAX_TOKENS), eval/solo.py and "
     "eval/handoff.py (--n 8, MAX_ROUNDS 150)",
 }
-_SAMPLING_FIELDS = frozenset(f.name for f in dataclasses.fields(SamplingSettings))
 
 
 class EvaluationError(ValueError):
@@ -191,7 +190,7 @@ class EvaluationConfig:
         values = PRESETS[self.preset]
 
         def current(name: str):
-            return getattr(self.sampling, name) if name in _SAMPLING_FIELDS else getattr(self, name)
+            return getattr(self.sampling, name) if name in SAMPLING_FIELDS else getattr(self, name)
 
         if given is None:
             defaults = dataclasses.asdict(SamplingSettings(**PAPER_DECODING))  # the default sampling
@@ -199,11 +198,11 @@ class EvaluationConfig:
             given = {name for name in values if current(name) != defaults[name]}
         applied = {name: value for name, value in values.items() if name not in given}
         kept = {name: current(name) for name in values if name in given}
-        sampling = {name: value for name, value in applied.items() if name in _SAMPLING_FIELDS}
+        sampling = {name: value for name, value in applied.items() if name in SAMPLING_FIELDS}
         if sampling:
             self.sampling = dataclasses.replace(self.sampling, **sampling)
         for name, value in applied.items():
-            if name not in _SAMPLING_FIELDS:
+            if name not in SAMPLING_FIELDS:
                 setattr(self, name, value)
         record = {"name": self.preset, "source": PRESET_SOURCES[self.preset], "applied": applied, "given": kept}
         self._preset_record = record

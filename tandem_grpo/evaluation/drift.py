@@ -1,24 +1,9 @@
-"""Drift (paper section 5.3): a checkpoint's marginal-token drift from the base and the share of GRPO's most-shifted
-tokens it moves back, each with a bootstrap interval over problems and a null beside it.
-
-- **Drift** ([`drift`][tandem_grpo.evaluation.drift.drift]): KL divergence of the marginal token distributions
-  coarsened to the ``bins`` most frequent tokens of the two sets plus one bin for every other token, Jeffreys
-  pseudo-count 0.5 per bin, measured between disjoint halves of the samples (even and odd sample index of every
-  problem): ``(KL(model_even || base_odd) + KL(model_odd || base_even)) / 2``. **Null**: the same statistic between
-  the base's own halves, so both compare equal amounts of text; ``excess = drift - null``. Coarsening keeps the
-  pseudo-count a small share of the mass (docs/evaluation.md).
-- **Moved back** ([`moved_back`][tandem_grpo.evaluation.drift.moved_back]): GRPO's most-shifted tokens are
-  selected on the even samples (at least ``min_count`` occurrences in GRPO's and the base's, ranked by
-  ``|log p_grpo - log p_base|``) and measured on the odd ones: a token is moved back when the checkpoint's frequency
-  is closer in log space to the base's than GRPO's is (ties count one half). The checkpoint's samples ``1 mod 4``
-  are compared with GRPO's ``3 mod 4`` at equal token counts; **null**: GRPO's own ``1 mod 4`` in the checkpoint's
-  place (0.5 in expectation); ``excess = fraction - null``.
-
-Intervals: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval], every statistic (selection
-included) recomputed on each resample of problems; the arm and its null share resamples, so the excess's interval
-is paired.
-
-Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
+"""Drift (paper section 5.3): a checkpoint's marginal-token drift from the base
+([`drift`][tandem_grpo.evaluation.drift.drift]: KL of coarsened marginal token distributions between disjoint halves
+of the samples, beside the base's own halves as the null) and the share of GRPO's most-shifted tokens it moves back
+([`moved_back`][tandem_grpo.evaluation.drift.moved_back], beside GRPO's own samples as the null), each with a paired
+interval over problems. The estimators in full: docs/api/evaluation/drift.md. Every function takes ``confidence``
+(interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -131,7 +116,7 @@ def drift(
 ) -> dict:
     """A checkpoint's marginal-token drift from the base, its null and the excess, with paired intervals.
 
-    See the module docstring for the estimator. ``prefix_tokens`` adds ``"first"`` (each completion's first ``N``
+    The estimator: docs/api/evaluation/drift.md. ``prefix_tokens`` adds ``"first"`` (each completion's first ``N``
     tokens) and ``"rest"`` blocks of the same statistics (a change confined to how responses begin shows in
     ``"first"`` only; Su et al., arXiv 2608.00220).
 
@@ -190,14 +175,9 @@ def _kl_rows(model, base, bins, weights) -> tuple[torch.Tensor, torch.Tensor, in
 def _drift_block(model, base, bins, weights, confidence, method) -> dict:
     arm, null, num_tokens, base_num_tokens = _kl_rows(model, base, bins, weights)
     problems = weights.shape[1]
-    return {
-        "kl_nats": normal_interval(arm, confidence, method, problems),
-        "null_kl_nats": normal_interval(null, confidence, method, problems),
-        "excess_nats": normal_interval(arm - null, confidence, method, problems),
-        "num_tokens": num_tokens,
-        "base_num_tokens": base_num_tokens,
-        "bins": bins,
-    }
+    intervals = {name: normal_interval(values, confidence, method, problems) for name, values in
+                 (("kl_nats", arm), ("null_kl_nats", null), ("excess_nats", arm - null))}  # fmt: skip
+    return intervals | {"num_tokens": num_tokens, "base_num_tokens": base_num_tokens, "bins": bins}
 
 
 def _by_position(block, sets: Sequence[Completions], prefix_tokens: int) -> dict:
@@ -303,8 +283,8 @@ def moved_back(
     """The share of GRPO's most-shifted tokens that ``checkpoint`` moves back towards the base, with its null.
 
     The paper's measure (section 5.3) with disjoint selection and measurement samples, equal token totals and a null
-    (module docstring). Sample parts by index within each problem: selection ``0 mod 2`` (GRPO and base), base
-    reference ``1 mod 2``, checkpoint ``1 mod 4``, GRPO ``3 mod 4``, null GRPO ``1 mod 4``.
+    (docs/api/evaluation/drift.md). Sample parts by index within each problem: selection ``0 mod 2`` (GRPO and
+    base), base reference ``1 mod 2``, checkpoint ``1 mod 4``, GRPO ``3 mod 4``, null GRPO ``1 mod 4``.
 
     Args:
         base: ``[P][k]`` the base's solo completions, ``k >= 4``.
@@ -330,14 +310,9 @@ def moved_back(
     if top_n < 1 or min_count < 1:
         raise ValueError(f"top_n={top_n!r} and min_count={min_count!r} must both be >= 1.")
     ids = _vocabulary(base, grpo, checkpoint)
-    parts = {
-        "base_sel": _subset(base, 2, 0),
-        "grpo_sel": _subset(grpo, 2, 0),
-        "base_ref": _subset(base, 2, 1),
-        "grpo_ref": _subset(grpo, 4, 3),
-        "arm": _subset(checkpoint, 4, 1),
-        "null": _subset(grpo, 4, 1),
-    }
+    parts = {"base_sel": _subset(base, 2, 0), "grpo_sel": _subset(grpo, 2, 0), "base_ref": _subset(base, 2, 1),
+             "grpo_ref": _subset(grpo, 4, 3), "arm": _subset(checkpoint, 4, 1),
+             "null": _subset(grpo, 4, 1)}  # fmt: skip
     counts = {name: _problem_counts(groups, ids) for name, groups in parts.items()}
     weights = resample_weights(len(base), num_resamples, seed)
     generator = torch.Generator().manual_seed(seed)
@@ -364,17 +339,10 @@ def moved_back(
     arm_t = torch.tensor(arm_values, dtype=torch.float64)
     null_t = torch.tensor(null_values, dtype=torch.float64)
     method, problems = _method(num_resamples, seed), len(base)
-    return {
-        "fraction_moved_back": normal_interval(arm_t, confidence, method, problems),
-        "null_fraction": normal_interval(null_t, confidence, method, problems),
-        "excess": normal_interval(arm_t - null_t, confidence, method, problems),
-        "num_selected": num_selected,
-        "token_ids": selected_ids,
-        "top_n": top_n,
-        "min_count": min_count,
-        "definition": (
-            "GRPO's most-shifted tokens selected on even samples (>= min_count occurrences), measured on odd "
-            "samples at equal token counts: checkpoint (1 mod 4) closer to the base (odd) than GRPO (3 mod 4); "
-            "null: GRPO (1 mod 4) in place of the checkpoint"
-        ),
-    }
+    intervals = {name: normal_interval(values, confidence, method, problems) for name, values in
+                 (("fraction_moved_back", arm_t), ("null_fraction", null_t), ("excess", arm_t - null_t))}  # fmt: skip
+    definition = ("GRPO's most-shifted tokens selected on even samples (>= min_count occurrences), measured on odd "
+                  "samples at equal token counts: checkpoint (1 mod 4) closer to the base (odd) than GRPO (3 mod 4); "
+                  "null: GRPO (1 mod 4) in place of the checkpoint")  # fmt: skip
+    return intervals | {"num_selected": num_selected, "token_ids": selected_ids, "top_n": top_n,
+                        "min_count": min_count, "definition": definition}  # fmt: skip

@@ -1,19 +1,8 @@
 """Legibility to the junior (paper section 5.4): the junior's per-token cross-entropy on a senior's completions and
-the overlap of the two models' next-token distributions, with an interval over problems, a null and paired
-differences.
-
-Averaging: the authors' ``eval/legibility.py`` (CSSLab/Tandem-RLVR). Each chain of thought (CoT, one sampled
-completion) gets the mean over its tokens without its trailing EOS; a benchmark's figure is the plain mean of its
-per-CoT values; the headline is the macro average over benchmarks. CoTs with nothing left to score are skipped, and
-none is dropped for length (the authors drop those over their 4096-token engine context).
-
-- **Interval**: [`stats.normal_interval`][tandem_grpo.evaluation.stats.normal_interval] over resamples of problems
-  (a problem drawn twice counts its CoTs twice).
-- **Null**: the same statistic on each problem's even-indexed samples minus its odd-indexed ones (0 in expectation).
-- **Paired difference** ([`paired_difference`][tandem_grpo.evaluation.junior_legibility.paired_difference]): both
-  models recomputed on the same resamples, so what the problems share cancels.
-
-Every function takes ``confidence`` (interval level in (0, 1)), ``num_resamples`` and ``seed`` (of the resampling).
+the overlap of the two models' next-token distributions, averaged as the authors do (per CoT without its trailing
+EOS, then over CoTs, then over benchmarks), with an interval over problems, an even/odd null and paired differences
+(docs/api/evaluation/junior_legibility.md). Every function takes ``confidence`` (interval level in (0, 1)),
+``num_resamples`` and ``seed`` (of the resampling).
 """
 
 from __future__ import annotations
@@ -86,13 +75,8 @@ def completion_logits(
     """
     position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
     device = next(model.parameters()).device
-    out = model(
-        input_ids=input_ids.to(device),
-        attention_mask=attention_mask.to(device),
-        position_ids=position_ids.to(device),
-        logits_to_keep=num_completion + 1,
-        use_cache=False,
-    )
+    out = model(input_ids=input_ids.to(device), attention_mask=attention_mask.to(device),
+                position_ids=position_ids.to(device), logits_to_keep=num_completion + 1, use_cache=False)  # fmt: skip
     return out.logits[:, :-1, :].float()
 
 
@@ -111,15 +95,9 @@ def shared_prompt_logits(
     call = ModelCall.of(model)
     cache = call.new_cache()
     # The prompt pass needs its last logit only (call.flags keep one); the completion pass needs them all.
-    all_logits = {
-        name: value for name, value in call.flags.items() if name not in ("logits_to_keep", "num_logits_to_keep")
-    }
-    out = model(
-        input_ids=torch.tensor([list(prompt)], device=device),
-        position_ids=torch.arange(p_len, device=device).unsqueeze(0),
-        **{call.cache_name: cache},
-        **call.flags,
-    )
+    all_logits = {k: v for k, v in call.flags.items() if k not in ("logits_to_keep", "num_logits_to_keep")}
+    out = model(input_ids=torch.tensor([list(prompt)], device=device), **{call.cache_name: cache}, **call.flags,
+                position_ids=torch.arange(p_len, device=device).unsqueeze(0))  # fmt: skip
     first = out.logits[:, -1:, :].float().expand(rows, 1, -1)
     if t_len == 1:
         return first
@@ -127,13 +105,9 @@ def shared_prompt_logits(
     cache = next((getattr(out, n) for n in ("cache", "past_key_values") if getattr(out, n, None) is not None), cache)
     cache.batch_repeat_interleave(rows)
     attention_mask = torch.cat([torch.ones(rows, p_len, dtype=torch.long), completion_mask.long()], dim=1)
-    rest = model(
-        input_ids=completion_ids[:, :-1].to(device),
-        attention_mask=attention_mask[:, :-1].to(device),
-        position_ids=torch.arange(p_len, p_len + t_len - 1, device=device).expand(rows, -1),
-        **{call.cache_name: cache},
-        **all_logits,
-    )
+    rest = model(input_ids=completion_ids[:, :-1].to(device), attention_mask=attention_mask[:, :-1].to(device),
+                 position_ids=torch.arange(p_len, p_len + t_len - 1, device=device).expand(rows, -1),
+                 **{call.cache_name: cache}, **all_logits)  # fmt: skip
     return torch.cat([first, rest.logits.float()], dim=1)
 
 
@@ -198,8 +172,8 @@ def legibility(
 
     Both models are teacher-forced on ``prompt + completion``; per completion token, the cross-entropy is
     ``-log p_junior(token | prefix)`` in nats and the overlap ``sum_v min(p_senior, p_junior)`` at temperature 1,
-    averaged per CoT and over CoTs as the module docstring says (a completion cut at the length cap has no EOS and is
-    scored whole).
+    averaged per CoT and over CoTs as the authors do (module docstring; a completion cut at the length cap has no
+    EOS and is scored whole).
 
     Args:
         senior: the model that wrote ``completions``; ``None`` skips the overlap.
@@ -287,10 +261,7 @@ def _scored(values, keep=lambda i: True) -> list[float]:
 def _sums(groups: Grouped, keep=lambda i: True) -> tuple[torch.Tensor, torch.Tensor]:
     """float64 ``[P]`` sums and counts of the scored values of every problem (samples whose index passes ``keep``)."""
     scored = [_scored(g, keep) for g in groups]
-    return (
-        torch.tensor([sum(s) for s in scored], dtype=torch.float64),
-        torch.tensor([len(s) for s in scored], dtype=torch.float64),
-    )
+    return tuple(torch.tensor([f(s) for s in scored], dtype=torch.float64) for f in (sum, len))
 
 
 def _mean_over_cots(weights: torch.Tensor, sums: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
@@ -340,17 +311,10 @@ def cot_mean(
     mean, null = _with_null(lambda keep: _mean_over_cots(weights, *_sums(values, keep)), values, confidence,
                             normal_method(num_resamples, seed))  # fmt: skip
     num_scored = int(_sums(values)[1].sum())
-    return {
-        "mean": mean,
-        "null_half_difference": null,
-        "num_problems": len(values),
-        "num_scored": num_scored,
-        "num_skipped": sum(len(g) for g in values) - num_scored,
-        "estimator": (
-            "mean over CoTs of the per-CoT mean (authors' eval/legibility.py); null: the same mean on each "
-            "problem's even-indexed samples minus its odd-indexed samples"
-        ),
-    }
+    estimator = ("mean over CoTs of the per-CoT mean (authors' eval/legibility.py); null: the same mean on each "
+                 "problem's even-indexed samples minus its odd-indexed samples")  # fmt: skip
+    return {"mean": mean, "null_half_difference": null, "num_problems": len(values), "num_scored": num_scored,
+            "num_skipped": sum(len(g) for g in values) - num_scored, "estimator": estimator}  # fmt: skip
 
 
 def paired_difference(

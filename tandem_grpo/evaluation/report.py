@@ -188,15 +188,8 @@ def plot_drift(results: dict, path: str | Path) -> Path:
     drifts = dict(checkpoints)
     if results.get("grpo", {}).get("drift_with_null") or results.get("grpo", {}).get("drift"):
         drifts["GRPO"] = results["grpo"]
-    prefix = next(
-        (
-            block["by_position"]["prefix_tokens"]
-            for d in drifts.values()
-            for block in (d.get("drift_with_null") or d.get("drift") or {},)
-            if block.get("by_position")
-        ),
-        None,
-    )
+    blocks = [d.get("drift_with_null") or d.get("drift") or {} for d in drifts.values()]
+    prefix = next((b["by_position"]["prefix_tokens"] for b in blocks if b.get("by_position")), None)
     series = {"whole completion": [_drift_value(d, None) for d in drifts.values()]}
     if prefix is not None:
         series[f"first {prefix} tokens"] = [_drift_value(d, "first") for d in drifts.values()]
@@ -204,28 +197,17 @@ def plot_drift(results: dict, path: str | Path) -> Path:
     _bar_groups(ax, list(drifts), series, "KL(model || base), nats")
     ax.set_title("Marginal token distribution drift, by completion position", fontsize=9)
     if moved:
-        _bar_groups(
-            axes[0][1],
-            list(moved),
-            {
-                "checkpoint": [_interval(m["fraction_moved_back"]) for m in moved.values()],
-                "null (GRPO vs itself)": [_interval(m["null_fraction"]) for m in moved.values()],
-            },
-            "share moved back",
-        )
+        series = {"checkpoint": [_interval(m["fraction_moved_back"]) for m in moved.values()],
+                  "null (GRPO vs itself)": [_interval(m["null_fraction"]) for m in moved.values()]}  # fmt: skip
+        _bar_groups(axes[0][1], list(moved), series, "share moved back")
         axes[0][1].set_ylim(0, 1)
         axes[0][1].set_title("GRPO's most-shifted tokens moved back toward the base", fontsize=9)
     elif reversals:
         ax2 = axes[0][1]
         lim = 0.0
         for name, rev in reversals.items():
-            ax2.scatter(
-                rev["grpo_shift"],
-                rev["tandem_shift"],
-                s=6,
-                alpha=0.6,
-                label=f"{name}: {rev['fraction_moved_back']:.0%} of top {rev['top_n']} moved back",
-            )
+            label = f"{name}: {rev['fraction_moved_back']:.0%} of top {rev['top_n']} moved back"
+            ax2.scatter(rev["grpo_shift"], rev["tandem_shift"], s=6, alpha=0.6, label=label)
             lim = max([lim] + [abs(v) for v in rev["grpo_shift"]] + [abs(v) for v in rev["tandem_shift"]])
         xs = [-lim, 0.0, lim]
         ax2.fill_between(xs, [-abs(x) for x in xs], [abs(x) for x in xs], color="grey", alpha=0.15)
@@ -341,21 +323,11 @@ def sample_records(checkpoint, schedule, completions, authorship, correct, token
     ``authorship`` (1 = senior)."""
     texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
     return [
-        {
-            "checkpoint": checkpoint,
-            "schedule": schedule,
-            "benchmark": benchmarks[i // k],
-            "problem": i // k,
-            "sample": i % k,
-            "correct": bool(ok),
-            "num_tokens": len(ids),
-            "senior_tokens": int(sum(a)),
-            "text": text,
-            "ids": [int(t) for t in ids],
-            "authorship": list(a),
-        }
+        {"checkpoint": checkpoint, "schedule": schedule, "benchmark": benchmarks[i // k], "problem": i // k,
+         "sample": i % k, "correct": bool(ok), "num_tokens": len(ids), "senior_tokens": int(sum(a)), "text": text,
+         "ids": [int(t) for t in ids], "authorship": list(a)}
         for i, (ids, a, ok, text) in enumerate(zip(completions, authorship, correct, texts, strict=True))
-    ]
+    ]  # fmt: skip
 
 
 def attach_per_completion(records: list[dict], checkpoint: str, per_completion: dict) -> None:
@@ -381,14 +353,7 @@ def authorship_views(schedule_outputs: dict, records: list[dict], prompts, golds
         for out, count in [(outputs[0], n_show)] + [(o, min(2, n_show)) for o in outputs[1:3]]:
             for problem in range(count):
                 row = problem * k
-                views.append(
-                    SampleView(
-                        checkpoint=name,
-                        schedule=out.name,
-                        problem=prompts[problem][-1]["content"],
-                        gold=golds[problem],
-                        correct=by_row[(name, out.name, problem, 0)]["correct"],
-                        spans=authorship_spans(out.completion_ids[row], out.authorship[row], tokenizer),
-                    )
-                )
+                spans = authorship_spans(out.completion_ids[row], out.authorship[row], tokenizer)
+                views.append(SampleView(name, out.name, prompts[problem][-1]["content"], golds[problem],
+                                        by_row[(name, out.name, problem, 0)]["correct"], spans))  # fmt: skip
     return views

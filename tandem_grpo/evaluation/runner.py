@@ -1,14 +1,6 @@
 """[`evaluate`][tandem_grpo.evaluation.runner.evaluate]: the paper's measurements (arXiv 2606.28166, section 5)
-for one or more senior checkpoints, written to a results folder.
-
-The runner only orchestrates: it loads the problems and every distinct model once (a model in several roles, e.g.
-the junior that is also the base, is sampled once and its solo completions reused, so ``KL(base || base)`` is 0),
-generates, and hands the completions to the module of each measurement, in order: solo (with hacks), handoff
-(scored as solo), drift, legibility.
-
-With several benchmarks (``--dataset gsm8k math500``) the problems share every measurement's rows; pass@k,
-accuracy and legibility blocks add ``by_benchmark`` and ``macro`` (the plain mean over benchmarks, the authors'
-headline, CSSLab/Tandem-RLVR ``eval/common.py``) beside the figures pooled over all problems.
+for one or more senior checkpoints, written to a results folder. The runner only orchestrates (each distinct model
+loaded and sampled once; docs/api/evaluation/runner.md).
 """
 
 from __future__ import annotations
@@ -23,9 +15,9 @@ from pathlib import Path
 
 import torch
 
+from ..backends import create_backend
 from ..models import loaded_weights
 from ..sampling import derive_seed
-from .backends import create_backend
 from .config import _DTYPES, MEASUREMENTS, PRESETS, SCHEDULES, EvaluationConfig, EvaluationError
 from .drift import drift, moved_back
 from .hacks import hack_detectors
@@ -262,24 +254,11 @@ def _prepare(config: EvaluationConfig, started: float) -> _Run:
         except (ImportError, ValueError) as err:
             raise EvaluationError(f"--backend {config.backend}: {err}") from err
     timing["load_models"] = time.perf_counter() - t
-    return _Run(
-        config=config,
-        prompts=prompts,
-        golds=golds,
-        benchmarks=benchmarks,
-        resolved=resolved,
-        models=models,
-        names=_display_names(list(config.checkpoints)),
-        senior_keys=senior_keys,
-        junior_key=junior_key,
-        base_key=base_key,
-        grpo_key=grpo_key,
-        tokenizer=tokenizer,
-        rows=[p for p in prompt_ids for _ in range(config.k)],
-        gold_rows=[g for g in golds for _ in range(config.k)],
-        device=device,
-        timing=timing,
-    )
+    return _Run(config=config, prompts=prompts, golds=golds, benchmarks=benchmarks, resolved=resolved, models=models,
+                names=_display_names(list(config.checkpoints)), senior_keys=senior_keys, junior_key=junior_key,
+                base_key=base_key, grpo_key=grpo_key, tokenizer=tokenizer,
+                rows=[p for p in prompt_ids for _ in range(config.k)],
+                gold_rows=[g for g in golds for _ in range(config.k)], device=device, timing=timing)  # fmt: skip
 
 
 def _measure_solo(run: _Run) -> dict:
@@ -289,13 +268,9 @@ def _measure_solo(run: _Run) -> dict:
     t = time.perf_counter()
     for key in run.solo_keys():
         m = run.models[key]
-        m.solo = m.backend.generate(
-            run.rows,
-            config.sampling,
-            max_new_tokens=config.max_new_tokens,
-            seed=derive_seed(config.seed, "solo", m.path),
-            desc=f"solo {Path(m.path).name}",
-        )
+        seed = derive_seed(config.seed, "solo", m.path)
+        m.solo = m.backend.generate(run.rows, config.sampling, max_new_tokens=config.max_new_tokens, seed=seed,
+                                    desc=f"solo {Path(m.path).name}")  # fmt: skip
         m.solo_correct = run.score(m.solo)
     run.timing["solo_generation_and_scoring"] = time.perf_counter() - t
 
@@ -335,48 +310,23 @@ def _measure_handoff(run: _Run, results: dict) -> dict[str, list[ScheduleOutput]
     schedule_outputs: dict[str, list[ScheduleOutput]] = {}
     for name, senior in run.seniors():
         outputs = []
+        cap = config.max_new_tokens
         if "alternating" in config.schedules:
-            outputs.append(
-                alternating_schedule(
-                    run.rows,
-                    senior.backend,
-                    junior.backend,
-                    tokenizer,
-                    config.sampling,
-                    max_new_tokens=config.max_new_tokens,
-                    max_rounds=config.max_rounds,
-                    seed=derive_seed(config.seed, "alternating", senior.path),
-                    desc=f"alternating {name}",
-                )
-            )
+            outputs.append(alternating_schedule(
+                run.rows, senior.backend, junior.backend, tokenizer, config.sampling, max_new_tokens=cap,
+                max_rounds=config.max_rounds, seed=derive_seed(config.seed, "alternating", senior.path),
+                desc=f"alternating {name}"))  # fmt: skip
         if TRAINING_RULE_SCHEDULE in config.schedules:
-            outputs.append(
-                training_rule_schedule(
-                    senior.backend,
-                    run.rows,
-                    config.sampling,
-                    rule,
-                    max_new_tokens=config.max_new_tokens,
-                    seed=derive_seed(config.seed, TRAINING_RULE_SCHEDULE, senior.path),
-                    desc=f"tandem {rule.granularity} p={rule.junior_probability:g} {name}",
-                )
-            )
+            outputs.append(training_rule_schedule(
+                senior.backend, run.rows, config.sampling, rule, max_new_tokens=cap,
+                seed=derive_seed(config.seed, TRAINING_RULE_SCHEDULE, senior.path),
+                desc=f"tandem {rule.granularity} p={rule.junior_probability:g} {name}"))  # fmt: skip
         for s in config.step_grid if "steps" in config.schedules else []:
             for first, lead, other in (("senior", senior, junior), ("junior", junior, senior)):
-                outputs.append(
-                    step_schedule(
-                        run.rows,
-                        lead.solo,
-                        s,
-                        first=first,
-                        continuation=other.backend,
-                        tokenizer=tokenizer,
-                        sampling=config.sampling,
-                        max_new_tokens=config.max_new_tokens,
-                        seed=derive_seed(config.seed, senior.path),
-                        desc=f"{first}_first_s{s} {name}",
-                    )
-                )
+                outputs.append(step_schedule(
+                    run.rows, lead.solo, s, first=first, continuation=other.backend, tokenizer=tokenizer,
+                    sampling=config.sampling, max_new_tokens=cap, seed=derive_seed(config.seed, senior.path),
+                    desc=f"{first}_first_s{s} {name}"))  # fmt: skip
         handoff = results["checkpoints"][name]["handoff"] = {}
         for out in outputs:
             correct = run.score(out.completion_ids)

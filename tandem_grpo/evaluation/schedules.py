@@ -1,15 +1,9 @@
-"""Handoff-robustness schedules: the senior paired with the frozen junior at inference (paper section 5.2).
-
-(a) [`training_rule_schedule`][tandem_grpo.evaluation.schedules.training_rule_schedule]: the training rule itself
-    (``--schedules word``, at any granularity).
-(b) [`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]: one model writes the first ``s`` reasoning steps
-    ([`steps`][tandem_grpo.evaluation.steps]), the other continues to the end (senior first, and the mirror).
-(c) [`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]: the paper's protocol (the
-    authors' ``eval/handoff.py``): senior first, then one reasoning step each, in one token budget.
-
-Every schedule returns per-token authorship (1 = senior, 0 = junior). Each is scored as solo capability
-([`solo`][tandem_grpo.evaluation.solo]), with who wrote what from
-[`authorship_shares`][tandem_grpo.evaluation.schedules.authorship_shares].
+"""Handoff-robustness schedules (paper section 5.2), the senior paired with the frozen junior at inference: the
+training rule ([`training_rule_schedule`][tandem_grpo.evaluation.schedules.training_rule_schedule]), one model's
+first ``s`` steps continued by the other ([`step_schedule`][tandem_grpo.evaluation.schedules.step_schedule]) and the
+paper's alternating protocol ([`alternating_schedule`][tandem_grpo.evaluation.schedules.alternating_schedule]); each
+returns per-token authorship (1 = senior, 0 = junior) and is scored as solo capability
+(docs/api/evaluation/schedules.md).
 """
 
 from __future__ import annotations
@@ -87,16 +81,11 @@ def training_rule_schedule(
     ``backend`` with the run's junior under the training ``rule`` (paper section 3), one completion per prompt row.
     Returns its [`ScheduleOutput`][tandem_grpo.evaluation.schedules.ScheduleOutput] with the recorded authorship."""
     rollout = backend.tandem(prompts, sampling, rule, max_new_tokens=max_new_tokens, seed=seed, desc=desc)
-    settings = {
-        "kind": "word_handoff",  # a serialized value: committed results.json files carry it
-        "granularity": rule.granularity,
-        "junior_probability": rule.junior_probability,
-        "max_gap_tokens": rule.max_gap_tokens,
-        "backend": backend.name,
-    }
-    return ScheduleOutput(
-        training_rule_schedule_name(rule), rollout.completion_ids, rollout.authorship, settings=settings
-    )
+    # "word_handoff": a serialized value, committed results.json files carry it.
+    settings = {"kind": "word_handoff", "granularity": rule.granularity, "junior_probability": rule.junior_probability,
+                "max_gap_tokens": rule.max_gap_tokens, "backend": backend.name}  # fmt: skip
+    name = training_rule_schedule_name(rule)
+    return ScheduleOutput(name, rollout.completion_ids, rollout.authorship, settings=settings)
 
 
 def handover_token_index(ids: Sequence[int], tokenizer, start: int, end: int) -> int:

@@ -173,12 +173,8 @@ def permutation_null(
     were one model. Each problem's ``2 * num_samples`` samples are split at random into two halves of
     ``num_samples`` (the first half holds a hypergeometric number of the problem's correct ones), and the mean over
     problems of the first half's pass@k ([`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k], unbiased) minus the
-    second's is taken, ``num_splits`` times.
-
-    Halves of one model's own ``num_samples`` would hold half as many samples each and give twice the variance of the
-    difference they stand for; pooling keeps the halves the size of the models' samples, so the range is what
-    sampling alone gives to this statistic on these problems (a permutation test, exact given the counts). It says
-    nothing about other problems: the bootstrap interval over problems does that.
+    second's is taken, ``num_splits`` times (why pooled halves: docs/evaluation.md; a permutation test, exact given the
+    counts, of these problems only: the bootstrap interval over problems speaks of others).
 
     Args:
         before: ``[P]`` correct samples of each problem for the first model, each in ``[0, num_samples]``.

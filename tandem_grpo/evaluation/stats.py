@@ -1,17 +1,8 @@
-"""The statistics every measurement shares: the unbiased pass@k estimator, bootstrap resampling over problems and
-the interval dicts written to ``results.json``.
-
-Two intervals, both with problems as the random unit (the samples of a problem move together):
-
-- [`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean] and
-  [`macro_bootstrap_mean`][tandem_grpo.evaluation.stats.macro_bootstrap_mean]: percentile intervals of a mean over
-  problems (pass@k, accuracy, the detectors of [`hacks`][tandem_grpo.evaluation.hacks]).
-- [`normal_interval`][tandem_grpo.evaluation.stats.normal_interval] over the replicates of
-  [`resample_weights`][tandem_grpo.evaluation.stats.resample_weights]: ``value +- z * sd(replicates)``, for the
-  statistics of [`drift`][tandem_grpo.evaluation.drift] and [`legibility`][tandem_grpo.evaluation.legibility] that
-  depend on the effective sample size (a plug-in KL, a share pulled towards one half by noise). A resample holds about
-  63% distinct problems, so the replicates are shifted against the point estimate and percentiles would be too;
-  their spread still measures its noise.
+"""The statistics every measurement shares: the unbiased pass@k estimator, bootstrap resampling over problems (the
+random unit: a problem's samples move together) and the interval dicts written to ``results.json``: percentile
+intervals of a mean ([`bootstrap_mean`][tandem_grpo.evaluation.stats.bootstrap_mean]) and normal intervals over
+resample replicates ([`normal_interval`][tandem_grpo.evaluation.stats.normal_interval]); which is used where, and
+why: docs/api/evaluation/stats.md.
 
 Every interval dict has ``value``, ``ci_low``, ``ci_high``, ``confidence``, ``ci_method`` and ``num_problems``.
 """

@@ -1,17 +1,8 @@
-"""Support: what repeated sampling still finds, and how completions open, for two models sampled on the same problems.
-
-Seed 002 ("verifier-induced support reshaping", arXiv 2608.00220) reports that on-policy RLVR raises pass@1 while
-shrinking what many samples can still find, and that the change sits in a response's first few tokens. Three
-comparisons, each with a bootstrap interval over problems and a two-halves null (the same statistic between two
-random halves of both models' pooled samples, as [`permutation_null`][tandem_grpo.evaluation.solo.permutation_null]):
-
-- pass@k at chosen ``k`` (the unbiased estimator, [`pass_at_k`][tandem_grpo.evaluation.stats.pass_at_k]);
-- rewardable support: the problems with at least one correct sample among the ``n`` (pass@n, as a count), and the
-  problems one model solves there and the other does not;
-- openings: the first ``length`` token ids of each completion. Per problem, the plug-in entropy (nats) of their
-  empirical distribution over the ``n`` samples, and the share of a model's samples that open as the reference
-  model's most common openings on that problem do (all of them when several tie). Both depend on ``n``: compare
-  models at the same ``n`` only, which the null does.
+"""Support: what repeated sampling still finds, and how completions open, for two models sampled on the same problems
+(after arXiv 2608.00220): pass@k at chosen ``k``, rewardable support (problems solved by at least one of ``n``
+samples) and openings (the first tokens' entropy and the share opening as the reference model's most common ones),
+each with a bootstrap interval over problems and a two-halves null; definitions: docs/api/evaluation/support.md.
+Openings depend on ``n``: compare models at the same ``n`` only.
 """
 
 from __future__ import annotations

@@ -1,9 +1,10 @@
 """Tandem co-generation inside one vLLM engine (TRL colocate and server modes).
 
 Modules: [`model`][tandem_grpo.vllm.model] (``TandemForCausalLM``: senior + frozen junior, own KV caches),
-[`processor`][tandem_grpo.vllm.processor] and [`processor_v2`][tandem_grpo.vllm.processor_v2] (the logits processors,
-for vLLM's Model Runner V1 and V2, that mix them with [`tandem_grpo.handoff`][tandem_grpo.handoff]),
-[`worker`][tandem_grpo.vllm.worker] (RPCs),
+[`processor_v1`][tandem_grpo.vllm.processor_v1] and [`processor_v2`][tandem_grpo.vllm.processor_v2] (the logits
+processors of vLLM's Model Runner V1 and V2), [`mixing`][tandem_grpo.vllm.mixing] (the step both run),
+[`side_records`][tandem_grpo.vllm.side_records] and [`request_args`][tandem_grpo.vllm.request_args] (what they keep
+and read per request), [`worker`][tandem_grpo.vllm.worker] (RPCs),
 [`plugin`][tandem_grpo.vllm.plugin] (registration through the ``vllm.general_plugins`` entry point),
 [`engine`][tandem_grpo.vllm.engine] (engine arguments, rollout assembly),
 [`trl_generation`][tandem_grpo.vllm.trl_generation] (TRL's ``VLLMGeneration`` subclasses, the trainer's side),

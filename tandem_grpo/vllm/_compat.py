@@ -33,7 +33,7 @@ REFUSED_OPTIONS = {
 }
 """Engine options a tandem engine refuses, and why."""
 ARCHITECTURE = "TandemForCausalLM"
-PROCESSOR_FQCN = "tandem_grpo.vllm.processor:TandemLogitsProcessor"
+PROCESSOR_FQCN = "tandem_grpo.vllm.processor_v1:TandemLogitsProcessor"
 """The V1-interface processor (Model Runner V1, vLLM 0.31-0.33)."""
 PROCESSOR_V2_FQCN = "tandem_grpo.vllm.processor_v2:TandemLogitsProcessorV2"
 """The Model Runner V2 processor (every vLLM of the range)."""

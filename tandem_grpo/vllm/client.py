@@ -1,24 +1,10 @@
-"""Client side of server mode: TRL's ``VLLMClient`` plus tandem requests, tandem checks and a CPU weight path.
-
-Subclasses ``trl.generation.vllm_client.VLLMClient`` (TRL 1.16), which talks to vLLM's own OpenAI server started by
-``tandem-grpo vllm-serve`` ([`tandem_grpo.vllm.serve`][tandem_grpo.vllm.serve]). Additions:
-
-- [`TandemVLLMClient.generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem]: one
-  ``/v1/completions`` request per completion (``n=1``), each with its tandem settings in ``vllm_xargs`` (vLLM turns
-  them into ``SamplingParams.extra_args``), sent concurrently; then the processor's side records are read back with the
-  worker extension's ``tandem_pop_records`` through the dev endpoint ``POST /collective_rpc``. ``n > 1`` would give
-  every sibling the same seed, hence one request each.
-- [`TandemVLLMClient.check_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.check_tandem]: fails clearly when the
-  server is not a tandem server.
-- Weight sync without CUDA: TRL's client streams weights over vLLM's NCCL weight-transfer engine, which needs a
-  CUDA device. On other devices this client writes the senior's parameters to safetensors files in a temporary
-  folder and asks the server to load them, all in one reload of the senior (``tandem_load_weights``); trainer and
-  server must then share a filesystem (same machine, or a shared mount). On CUDA, TRL's NCCL path is used unchanged.
-- The server's token: with ``TANDEM_GRPO_SERVER_TOKEN`` set, every request of the client's session (TRL's own
-  requests included: ``/v1/models``, ``/init_weight_transfer_engine``, ``/update_weights``, ...) carries
-  ``Authorization: Bearer <token>`` ([`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]); a 401 from
-  the server raises a ``PermissionError`` naming the variable.
-- A clear ``ConnectionError`` with the command that starts the server when none answers.
+"""Client side of server mode: TRL's ``VLLMClient`` (TRL 1.16) plus tandem requests
+([`generate_tandem`][tandem_grpo.vllm.client.TandemVLLMClient.generate_tandem]), a tandem check, a weight path
+without CUDA (safetensors files the server loads in one reload of the senior: trainer and server must share a
+filesystem), a ``ConnectionError`` naming the command that starts the server, and the server's token: with
+``TANDEM_GRPO_SERVER_TOKEN`` set, ``Authorization: Bearer <token>`` on every request of its session (TRL's own
+included; a 401 raises a ``PermissionError`` naming the variable,
+[`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]): docs/api/vllm/client.md.
 """
 
 from __future__ import annotations

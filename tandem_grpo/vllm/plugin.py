@@ -1,9 +1,6 @@
-"""vLLM plugin entry point: registers ``TandemForCausalLM`` in every vLLM process.
-
-vLLM runs ``vllm.general_plugins`` entry points in the main process and in each engine/worker process it spawns, so
-a registration made there is visible where the model is built (a ``ModelRegistry.register_model`` call in the main
-process alone is not: the workers are separate processes). The class registered is
-[`TandemForCausalLM`][tandem_grpo.vllm.model.TandemForCausalLM]. Declared in pyproject.toml as:
+"""vLLM plugin entry point: registers [`TandemForCausalLM`][tandem_grpo.vllm.model.TandemForCausalLM] in every vLLM
+process (vLLM runs ``vllm.general_plugins`` entry points in each process it spawns; docs/api/vllm/plugin.md).
+Declared in pyproject.toml as:
 
     [project.entry-points."vllm.general_plugins"]
     tandem_grpo = "tandem_grpo.vllm.plugin:register"

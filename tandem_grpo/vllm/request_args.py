@@ -1,23 +1,15 @@
-"""What makes a vLLM request a tandem request: its ``SamplingParams.extra_args`` and their checks.
-
-Requests opt in through ``extra_args`` ([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the
-OpenAI server's ``vllm_xargs``); other requests in the same batch are left untouched (plain senior sampling). Tandem
-requests carry their temperature and ``top_k``/``top_p``/``min_p`` in their extra args and send vLLM's own turned off
-(temperature 1, no truncation): the logits processor applies the temperature to both models and truncates the mixture
-itself, in the transformers path's order. Both runners need that: vLLM would apply min-p before the V1 processor and
-top-k/top-p after it, and Model Runner V2 runs its processors before temperature, min-p and top-k/top-p. One request
-form serves both processors, so a client need not know which runner a server uses. A request without
-``tandem_temperature`` keeps its ``SamplingParams.temperature`` (the V1 processor alone accepts that form). Tandem
-requests must sample (``temperature > 0``): there is no greedy tandem decoding, and greedy requests never reach
-argmax-invariant processors. [`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params]
-enforces that and the other limits.
+"""What makes a vLLM request a tandem request: its ``SamplingParams.extra_args``
+([`tandem_extra_args`][tandem_grpo.vllm.request_args.tandem_extra_args], or the OpenAI server's ``vllm_xargs``) and
+their checks ([`validate_tandem_params`][tandem_grpo.vllm.request_args.validate_tandem_params]). A tandem request
+carries its temperature and truncation there and turns vLLM's own off (temperature 1, no truncation); it must sample
+(``temperature > 0``). Other requests in a batch are left untouched. Why: docs/api/vllm/request_args.md.
 """
 
 from __future__ import annotations
 
 from vllm import SamplingParams
 
-from ..handoff import HandoffRule, validate_rule_fields
+from ..handoff import HandoffRule
 from ..sampling import SamplingSettings
 
 SEED_KEY = "tandem_seed"
@@ -31,7 +23,11 @@ TOP_P_KEY = "tandem_top_p"
 MIN_P_KEY = "tandem_min_p"
 TEMPERATURE_KEY = "tandem_temperature"
 _SAMPLING_EPS = 1e-5  # vLLM's threshold below which a request is greedy
+_RULE_KEYS = {"granularity": GRANULARITY_KEY, "junior_probability": PROBABILITY_KEY, "max_gap_tokens": MAX_GAP_KEY,
+              "mode": MODE_KEY}  # fmt: skip
 _DEFAULT_RULE = HandoffRule()  # a key left out of the extra args takes the rule's default (HandoffSettings')
+SENIOR_ONLY_OPTIONS = ("logit_bias", "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs")
+"""SamplingParams fields that vLLM applies to the senior's logits alone: a tandem request may not set them."""
 
 
 def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: SamplingSettings | None = None) -> dict:
@@ -51,10 +47,7 @@ def tandem_extra_args(seed: int, uid: str, rule: HandoffRule, sampling: Sampling
     return {
         SEED_KEY: int(seed),
         UID_KEY: str(uid),
-        GRANULARITY_KEY: rule.granularity,
-        PROBABILITY_KEY: float(rule.junior_probability),
-        MAX_GAP_KEY: int(rule.max_gap_tokens),
-        MODE_KEY: rule.mode,
+        **{key: getattr(rule, name) for name, key in _RULE_KEYS.items()},
         TOP_K_KEY: int(sampling.top_k),
         TOP_P_KEY: float(sampling.top_p),
         MIN_P_KEY: float(sampling.min_p),
@@ -66,13 +59,14 @@ def is_tandem_request(params: SamplingParams) -> bool:
     return bool(params.extra_args) and SEED_KEY in params.extra_args
 
 
-def rule_from_extra_args(extra_args: dict) -> HandoffRule:
-    return HandoffRule(
-        granularity=extra_args.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
-        junior_probability=float(extra_args.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability)),
-        max_gap_tokens=int(extra_args.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens)),
-        mode=extra_args.get(MODE_KEY, _DEFAULT_RULE.mode),
-    )
+def rule_from_extra_args(extra: dict) -> HandoffRule:
+    """The request's handoff rule; a key left out takes the rule's default.
+
+    Raises:
+        ValueError: a rule field of the wrong type or outside its range
+            ([`HandoffRule.checked`][tandem_grpo.handoff.HandoffRule.checked]).
+    """
+    return HandoffRule.checked(**{n: extra.get(k, getattr(_DEFAULT_RULE, n)) for n, k in _RULE_KEYS.items()})
 
 
 def sampling_from_params(params: SamplingParams) -> SamplingSettings:
@@ -95,7 +89,7 @@ def sampling_from_params(params: SamplingParams) -> SamplingSettings:
 def validate_tandem_params(params: SamplingParams) -> None:
     """Reject a tandem request whose settings the mixture cannot honour; other requests pass. Runs in vLLM's API
     process, through
-    [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor.TandemLogitsProcessor.validate_params].
+    [`TandemLogitsProcessor.validate_params`][tandem_grpo.vllm.processor_v1.TandemLogitsProcessor.validate_params].
 
     Raises:
         ValueError: bad ``tandem_*`` extra args, ``n != 1``, greedy sampling, a ``SamplingParams.temperature`` other
@@ -111,12 +105,7 @@ def validate_tandem_params(params: SamplingParams) -> None:
         raise ValueError(f"{SEED_KEY}={seed!r} must be an integer.")
     if not isinstance(uid, str) or not uid:
         raise ValueError(f"{UID_KEY}={uid!r} must be a non-empty string unique per request.")
-    validate_rule_fields(
-        extra.get(GRANULARITY_KEY, _DEFAULT_RULE.granularity),
-        extra.get(PROBABILITY_KEY, _DEFAULT_RULE.junior_probability),
-        extra.get(MAX_GAP_KEY, _DEFAULT_RULE.max_gap_tokens),
-        extra.get(MODE_KEY, _DEFAULT_RULE.mode),
-    )
+    rule_from_extra_args(extra)
     if params.n != 1:
         raise ValueError(
             f"Tandem requests take n=1 (got n={params.n}): send one request per completion, each "
@@ -142,13 +131,6 @@ def validate_tandem_params(params: SamplingParams) -> None:
         sampling_from_params(params)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"Tandem extra args: {exc}") from exc
-    senior_only = {
-        "logit_bias": params.logit_bias,
-        "min_tokens": params.min_tokens,
-        "bad_words": params.bad_words,
-        "allowed_token_ids": params.allowed_token_ids,
-        "structured_outputs": params.structured_outputs,
-    }
-    used = [name for name, value in senior_only.items() if value]
+    used = [name for name in SENIOR_ONLY_OPTIONS if getattr(params, name)]
     if used:
         raise ValueError(f"{used} act on the senior's logits alone in vLLM; tandem requests do not support them.")

