@@ -44,12 +44,11 @@ def _timed(name: str, func):
 
 
 def _instrument() -> None:
-    import tandem_grpo.vllm.processor as processor
     import torch
 
     import tandem_grpo.generation as generation
     import tandem_grpo.sampling as sampling
-    import tandem_grpo.vllm.processor_v2 as processor_v2
+    import tandem_grpo.vllm.mixing as mixing
     from tandem_grpo.engine_check import EngineCheck
 
     EngineCheck.start = _timed("start", EngineCheck.start)
@@ -64,7 +63,7 @@ def _instrument() -> None:
         TIMES["kept_mass"] += time.perf_counter() - start
         return torch.log_softmax(masked, dim=-1), kept
 
-    processor.truncate_with_kept_mass = processor_v2.truncate_with_kept_mass = truncate_with_kept_mass
+    mixing.truncate_with_kept_mass = truncate_with_kept_mass  # both runners' processors mix through vllm.mixing
 
 
 def _cpu_name() -> str:

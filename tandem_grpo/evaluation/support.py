@@ -59,7 +59,8 @@ def split_null(
     halves of ``n``, ``num_splits`` times.
 
     Args:
-        before, after: ``[P][n]`` per-sample items (openings, verdicts) of the two models on the same problems.
+        before: ``[P][n]`` per-sample items (openings, verdicts) of the first model.
+        after: the same for the second model, on the same problems.
         statistic: ``[P][n]`` items to ``[P]`` per-problem values.
 
     Returns:
@@ -108,8 +109,10 @@ def compare_support(
     samples each: pass@k, rewardable support and openings, each a paired difference with its interval and null.
 
     Args:
-        before_correct, after_correct: ``[P][n]`` verdicts.
-        before_openings, after_openings: ``[P][n]`` openings ([`openings`][tandem_grpo.evaluation.support.openings]).
+        before_correct: ``[P][n]`` verdicts of the first model (the base).
+        after_correct: ``[P][n]`` verdicts of the second, on the same problems.
+        before_openings: ``[P][n]`` openings of the first ([`openings`][tandem_grpo.evaluation.support.openings]).
+        after_openings: ``[P][n]`` openings of the second.
         ks: the pass@k to compare (those above ``n`` are left out).
 
     Returns:
