@@ -56,12 +56,21 @@ from ..handoff import (
     nonfinite_flags,
     raise_nonfinite,
 )
-from ..sampling import SamplingSettings, truncate_with_kept_mass
+from ..sampling import SamplingSettings, truncate_with_kept_mass, vocabulary_mass
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from ._tables import engine_boundary_tables
 from .request_args import is_tandem_request, sampling_from_params, validate_tandem_params
-from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, pack_state, record_for, unpack_state
+from .side_records import (
+    LOCK,
+    PROCESSORS,
+    STATE_FIELDS,
+    _Record,
+    add_vocabulary_mass,
+    pack_state,
+    record_for,
+    unpack_state,
+)
 
 
 @dataclass(eq=False)
@@ -401,10 +410,11 @@ class TandemLogitsProcessor(LogitsProcessor):
         index = group.batch_index
         rule = group.rule
         state = self._handoff_state(group.slots)
-        senior = logits.index_select(0, index)[:, :width]
+        senior = logits.index_select(0, index)
         if not isinstance(group.senior_temperature, float) or group.senior_temperature != 1.0:
             senior = senior / group.senior_temperature
-        senior_lp = torch.log_softmax(senior, dim=-1)
+        inside = vocabulary_mass(senior, width)  # log M on a checkpoint padded past the tokenizer (side_records)
+        senior_lp = torch.log_softmax(senior[:, :width], dim=-1)
         junior = junior_logits.index_select(0, index)[:, :width].float()
         if group.penalized is not None:
             junior = self._penalize(junior, group.penalized)
@@ -415,7 +425,7 @@ class TandemLogitsProcessor(LogitsProcessor):
         sync = "masked" if whole_unit else "none"
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy=sync)
 
-        corrections, cells = None, None
+        corrections, cells, handovers, into = None, None, None, None
         if whole_unit:
             # Rows where B is a proper subset and the owner may change: there the senior's term differs from vLLM's
             # log P (module docstring). Under "after_boundary" there are none: the records keep their 0 / NaN.
@@ -427,12 +437,16 @@ class TandemLogitsProcessor(LogitsProcessor):
             zero = torch.zeros_like(junior_b)
             corrections = torch.where(into_senior & torch.isfinite(junior_b), -junior_b, zero)
             handovers = torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan))
-            cells = self._cells(group, num_tokens)
-            self._handovers[cells] = handovers.float()
+            into = switching & into_senior
 
         mixed, kept = truncate_with_kept_mass(mixed, group.top_k, group.top_p, group.min_p)
         if kept is not None:  # + log Z_t: the senior's term over the whole vocabulary (side_records)
             corrections = kept if corrections is None else corrections + kept
+        if inside is not None:
+            corrections, handovers = add_vocabulary_mass(inside, into, corrections, handovers)
+        if handovers is not None:
+            cells = self._cells(group, num_tokens)
+            self._handovers[cells] = handovers.float()
         if corrections is not None:
             self._corrections[cells or self._cells(group, num_tokens)] = corrections.float()
         # Ids past the tokenizer (embedding padding) keep probability 0 in what vLLM samples from.

@@ -54,12 +54,21 @@ from ..handoff import (
     nonfinite_flags,
     raise_nonfinite,
 )
-from ..sampling import truncate_with_kept_mass
+from ..sampling import truncate_with_kept_mass, vocabulary_mass
 from ._compat import ARCHITECTURE
 from ._slot import take_junior_logits
 from ._tables import engine_boundary_tables
 from .request_args import UID_KEY, is_tandem_request, sampling_from_params, validate_tandem_params
-from .side_records import LOCK, PROCESSORS, STATE_FIELDS, _Record, pack_state, record_for, unpack_state
+from .side_records import (
+    LOCK,
+    PROCESSORS,
+    STATE_FIELDS,
+    _Record,
+    add_vocabulary_mass,
+    pack_state,
+    record_for,
+    unpack_state,
+)
 
 
 @dataclass(eq=False)
@@ -364,14 +373,16 @@ class TandemLogitsProcessorV2(LogitsProcessor):
         device = logits.device
         width = tables.vocab_size
         whole = isinstance(rows, slice)
-        senior = (logits if whole else logits.index_select(0, rows))[:, :width]
+        senior = logits if whole else logits.index_select(0, rows)
         junior = (junior_logits if whole else junior_logits.index_select(0, rows))[:, :width].float()
         if self._penalized[slots_np].any():
             junior = self._penalize(junior, slots, length)
         temperature = _uniform(self._temperature[slots_np], torch.float32, device)
         if not isinstance(temperature, float):
             temperature = temperature.unsqueeze(1)
-        senior_lp = torch.log_softmax(senior / temperature, dim=-1)
+        senior = senior / temperature
+        inside = vocabulary_mass(senior, width)  # log M on a checkpoint padded past the tokenizer (side_records)
+        senior_lp = torch.log_softmax(senior[:, :width], dim=-1)
         junior_lp = torch.log_softmax(junior / temperature, dim=-1)
         self._nonfinite |= nonfinite_flags(senior_lp, junior_lp)
         state = unpack_state(self._state[slots], self._seeds[slots])
@@ -379,7 +390,7 @@ class TandemLogitsProcessorV2(LogitsProcessor):
         whole_unit = rule.mode == "whole_unit"
         sync = "masked" if whole_unit else "none"
         mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy=sync)
-        corrections = None
+        corrections, handovers, into = None, None, None
         column = outputs.clamp(max=self._corrections.shape[1] - 1)
         if whole_unit:  # the records at the position being sampled (tandem_grpo.vllm.side_records)
             switching = handoff_rows(state, boundary)
@@ -389,13 +400,17 @@ class TandemLogitsProcessorV2(LogitsProcessor):
             into_senior = switching & (state.next_owner == SENIOR)
             corrections = torch.where(into_senior & torch.isfinite(junior_b), -junior_b, torch.zeros_like(junior_b))
             handovers = torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan))
-            self._handovers[slots, column] = handovers.float()
+            into = switching & into_senior
         top_k = _uniform(self._top_k[slots_np], torch.long, device)
         top_p = _uniform(self._top_p[slots_np], torch.float32, device)
         min_p = _uniform(self._min_p[slots_np], torch.float32, device)
         mixed, kept = truncate_with_kept_mass(mixed, top_k, top_p, min_p)
         if kept is not None:  # + log Z_t: the senior's term over the whole vocabulary (side_records)
             corrections = kept if corrections is None else corrections + kept
+        if inside is not None:
+            corrections, handovers = add_vocabulary_mass(inside, into, corrections, handovers)
+        if handovers is not None:
+            self._handovers[slots, column] = handovers.float()
         if corrections is not None:
             self._corrections[slots, column] = corrections.float()
             self._written[slots] = torch.maximum(self._written[slots], column + 1)

@@ -16,6 +16,11 @@ mixture mass the truncation kept (1 without truncation). The records:
 - ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
   only): the senior's whole term when the junior's token is drawn there, untruncated. ``NaN`` elsewhere.
 
+Both models are cut to the tokenizer's ``V`` ids before mixing, while the trainer normalizes the senior over all of
+its logits columns; for a checkpoint padded past the tokenizer both records also carry ``log M``, the mass the
+senior's full distribution puts on the ``V`` ids ([`vocabulary_mass`][tandem_grpo.sampling.vocabulary_mass];
+``M`` cancels where the senior takes a unit over, whose term is a ratio of two of its probabilities).
+
 A record lives here, on the host, from a request's first step until it is popped; while its request is in a
 processor's batch, the processor's tensors hold the live copy.
 """
@@ -43,6 +48,15 @@ state tensor ``[rows, len(STATE_FIELDS)]`` holds the [`HandoffState`][tandem_grp
 never change). [`pack_state`][tandem_grpo.vllm.side_records.pack_state],
 [`unpack_state`][tandem_grpo.vllm.side_records.unpack_state] and ``_Record.state_row``/``set_state_row`` are its only
 readers and writers."""
+
+
+def add_vocabulary_mass(inside: torch.Tensor, into_senior: torch.Tensor | None, corrections, handovers):
+    """The records of one step with ``log M`` (``inside``, ``[g]``) added: to ``corrections`` except where the senior
+    takes a unit over (``into_senior``, ``[g]`` bool, or ``None`` under ``after_boundary``), and to ``handovers``
+    (either may be ``None``: none written yet)."""
+    add = inside if into_senior is None else torch.where(into_senior, torch.zeros_like(inside), inside)
+    corrections = add if corrections is None else corrections + add
+    return corrections, None if handovers is None else handovers + inside
 
 
 def pack_state(state: HandoffState) -> torch.Tensor:
