@@ -32,7 +32,7 @@ from .handoff import (
 )
 from .model_calls import Forward, co_generation_forward
 from .rollout import Rollout
-from .sampling import SamplingSettings
+from .sampling import SamplingSettings, vocabulary_mass
 
 
 @torch.no_grad()
@@ -151,7 +151,7 @@ def _decode(
             before = state
             state, author, start = advance(state, token, tables, rule)
             coef = boundary_coefficients(before, author, start, tables, rule)
-            term = _senior_term(senior_lp, boundary, token, author, coef)
+            term = _senior_term(senior_lp, boundary, token, author, coef, senior_logits, sampling)
             written.append(token, author, start, coef, term, alive=~finished)
             finished = finished | tables.is_eos[token]
             done = bool(finished.all()) or len(written) >= max_new_tokens
@@ -205,16 +205,19 @@ def _next_token(senior_logits, junior_logits, state, tables, rule, sampling, his
     return sampling.truncate(mixture_logprobs(senior_lp, junior_lp, state, boundary)), senior_lp, boundary
 
 
-def _senior_term(senior_lp, boundary, token, author, coef) -> torch.Tensor:
+def _senior_term(senior_lp, boundary, token, author, coef, senior_logits, sampling) -> torch.Tensor:
     """The senior's score term of each drawn token ``[B]``
-    ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms], over the whole vocabulary), ``NaN`` where the
-    senior has none: what the trainer's loss recomputes, kept so that the trainer can check its loss against the
-    loop (``tandem_grpo.engine_check``)."""
+    ([`senior_token_terms`][tandem_grpo.handoff.senior_token_terms], over the whole vocabulary and every logits
+    column), ``NaN`` where the senior has none: what the trainer's loss recomputes, kept so that the trainer can check
+    its loss against the loop (``tandem_grpo.engine_check``)."""
     token_lp = senior_lp.gather(1, token.unsqueeze(1)).squeeze(1)
     b_lp = torch.zeros_like(token_lp)
     if bool(coef.any()):  # "whole_unit" handoffs: log p_s(B)
         b_lp = torch.logsumexp(senior_lp.masked_fill(~boundary, float("-inf")), dim=-1)
     terms, involved = senior_token_terms(token_lp, b_lp, author, coef)
+    if senior_logits.shape[-1] > senior_lp.shape[-1]:  # columns past the tokenizer: the loss normalizes over them
+        inside = vocabulary_mass(senior_logits.float() / sampling.temperature, senior_lp.shape[-1])
+        terms = terms + (author + coef).to(terms.dtype) * inside  # M cancels where the senior takes a unit over
     return torch.where(involved, terms, torch.full_like(terms, float("nan")))
 
 

@@ -182,6 +182,15 @@ def truncate_with_kept_mass(
     return torch.log_softmax(masked, dim=-1), kept
 
 
+def vocabulary_mass(scaled: torch.Tensor, width: int) -> torch.Tensor | None:
+    """``log M``, float ``[g]``: the log of the mass the senior's distribution over all ``W`` columns of its scaled
+    logits ``[g, W]`` puts on the first ``width`` ids; ``None`` where ``W == width`` (no padding: ``M = 1``). One
+    ``logsumexp`` over each row, on padded checkpoints only."""
+    if scaled.shape[-1] <= width:
+        return None
+    return torch.logsumexp(scaled[:, :width], dim=-1) - torch.logsumexp(scaled, dim=-1)
+
+
 def _masked(logprobs: torch.Tensor, top_k, top_p, min_p) -> torch.Tensor:
     """``logprobs`` with ``-inf`` on the tokens the truncation drops, not renormalized (``logprobs`` itself, the same
     object, when no setting is on)."""

@@ -141,7 +141,8 @@ def reference(model_dirs, run, rule):
         truncated.append(next_token_logprobs(*args, SAMPLING, None))
         untruncated.append(next_token_logprobs(*args, plain, None))
         state, _, _ = advance(state, tokens[:, t], tables, rule)
-    senior_own = torch.log_softmax(senior_logits[..., :SIZE] / SAMPLING.temperature, dim=-1)
+    # Over every logits column, padding included, as the trainer's loss normalizes.
+    senior_own = torch.log_softmax(senior_logits / SAMPLING.temperature, dim=-1)
     return torch.stack(truncated, dim=1), torch.stack(untruncated, dim=1), senior_own
 
 
@@ -164,7 +165,8 @@ def test_vllm_samples_the_transformers_mixture(run, reference):
 
 def test_senior_terms_under_truncation(rule, run, reference):
     """The rollout's senior log-probs are the senior's exact score terms (``handoff.senior_token_terms``) over the
-    whole vocabulary, what the trainer's loss recomputes, although vLLM samples from the truncated mixture: on senior
+    whole vocabulary and every logits column (the senior's are padded), what the trainer's loss recomputes, although
+    vLLM samples from the truncated mixture over the tokenizer's ids: on senior
     tokens ``log p_s(x)`` (minus ``log p_s(B)`` where it took a unit over), the processor's record adding back the
     log of the mixture mass the truncation kept; on junior tokens the senior handed a unit to, ``log p_s(B)``; NaN on
     other junior tokens. vLLM's own log-probs are those of the truncated mixture (the kept mass is below 1 here)."""
@@ -174,7 +176,8 @@ def test_senior_terms_under_truncation(rule, run, reference):
     assert float(kept_mass.min()) < -1e-2, "the truncation must drop mass for the test to mean something"
     trace = replay(torch.tensor(rollout.completion_ids), torch.tensor(seeds), tables, rule)
     if rule.mode == "whole_unit":
-        b_lp = boundary_logprobs(senior_own, unit_start_ids(tables, rule))
+        starts = torch.nn.functional.pad(unit_start_ids(tables, rule), (0, PADDING))  # padding ids start no unit
+        b_lp = boundary_logprobs(senior_own, starts)
     else:
         b_lp = torch.zeros(senior_own.shape[:2])
         assert not bool(trace.boundary_coef.any())

@@ -246,7 +246,10 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
             full = next_token_logprobs(senior_raw[row : row + 1], junior_raw[row : row + 1], state, tables, rule,
                                        untruncated, history)[0]  # fmt: skip
             kept = torch.logsumexp(full[torch.isfinite(want[0])], 0).item()
-            expected_records[uid][len(outputs)] = (kept, math.nan)
+            # log M: the senior's logits are 2 columns wider than the tokenizer, and the trainer normalizes over all.
+            scaled = given[row] / sampling.temperature
+            inside = (torch.logsumexp(scaled[:vocab], 0) - torch.logsumexp(scaled, 0)).item()
+            expected_records[uid][len(outputs)] = (kept + inside, math.nan)
             if rule.mode == "whole_unit":
                 temperature = sampling.temperature
                 penalized = given[row : row + 1, :vocab]
@@ -259,8 +262,8 @@ def test_v2_processor_samples_the_transformers_distribution_and_records_the_repl
                 switching = bool(handoff_rows(state, b)[0])
                 switching_seen += switching
                 to_senior = int(state.next_owner[0]) == 1
-                c = -torch.logsumexp(junior_lp[b[0]], 0).item() if switching and to_senior else 0.0
-                h = torch.logsumexp(senior_lp[b[0]], 0).item() if switching and not to_senior else math.nan
+                c = -torch.logsumexp(junior_lp[b[0]], 0).item() if switching and to_senior else inside
+                h = torch.logsumexp(senior_lp[b[0]], 0).item() + inside if switching and not to_senior else math.nan
                 expected_records[uid][len(outputs)] = (c + kept, h)
             tokens.append(int(torch.multinomial(torch.softmax(want[0], -1), 1, generator=generator)))
         runner.commit(order, torch.tensor(tokens))

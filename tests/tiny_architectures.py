@@ -139,15 +139,19 @@ VLLM_SHAPED = ("llama", "qwen2", "qwen3")
 """The architectures [`vllm_shaped`][] builds: vLLM's own model classes of the three families most users train."""
 
 
-def vllm_shaped(family: str, seed: int, tied: bool):
+def vllm_shaped(family: str, seed: int, tied: bool, padded: bool = True):
     """A tiny random ``family`` model (``VLLM_SHAPED``) that vLLM's CPU backend runs (head size 32, hidden 64),
-    with its output head tied to the input embedding or not, sharpened as the others."""
+    with its output head tied to the input embedding or not, sharpened as the others. Its embedding is padded to 32
+    rows, past the tiny tokenizer (25 tokens; 26 as transformers loads it for a Qwen2 config, which adds
+    ``<|endoftext|>``), as real checkpoints pad theirs; ``padded=False`` keeps the 25 rows (a plain vLLM engine
+    samples random padding rows as often as real tokens)."""
     import transformers
 
     prefix = {"llama": "Llama", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    rows = 32 if padded else len(TINY_VOCAB)
     config = getattr(transformers, f"{prefix}Config")(
-        **{**_COMMON, "tie_word_embeddings": tied}, hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-        head_dim=32, num_hidden_layers=2, intermediate_size=64,
+        **{**_COMMON, "tie_word_embeddings": tied, "vocab_size": rows}, hidden_size=64, num_attention_heads=2,
+        num_key_value_heads=1, head_dim=32, num_hidden_layers=2, intermediate_size=64,
     )  # fmt: skip
     torch.manual_seed(seed)
     model = getattr(transformers, f"{prefix}ForCausalLM")(config)

@@ -32,8 +32,9 @@ from ..handoff import (
     handoff_rows,
     mixture_logprobs,
 )
-from ..sampling import truncate_with_kept_mass
+from ..sampling import truncate_with_kept_mass, vocabulary_mass
 from ._compat import ARCHITECTURE
+from .side_records import add_vocabulary_mass
 
 Setting = float | int | torch.Tensor
 """A per-row setting of a group of ``g`` rows: one Python number for all, or a tensor ``[g]`` on the logits' device."""
@@ -131,16 +132,25 @@ def mix(
         ([`raise_nonfinite`][tandem_grpo.vllm.mixing.raise_nonfinite]).
     """
     width = tables.vocab_size
-    senior_lp = torch.log_softmax(_scaled(senior[:, :width], settings.senior_temperature), dim=-1)
+    scaled = _scaled(senior, settings.senior_temperature)
+    inside = vocabulary_mass(scaled, width)  # log M on a checkpoint padded past the tokenizer (side_records)
+    senior_lp = torch.log_softmax(scaled[:, :width], dim=-1)
     junior_lp = torch.log_softmax(_scaled(junior[:, :width].float(), settings.junior_temperature), dim=-1)
     boundary = boundary_mask(state, tables, rule)
     whole_unit = rule.mode == "whole_unit"
     mixed = mixture_logprobs(senior_lp, junior_lp, state, boundary, sync_strategy="masked" if whole_unit else "none")
     records = _whole_unit_records(senior_lp, junior_lp, state, boundary) if whole_unit else {}
+    into_senior = records.pop("into_senior", None)
     nonfinite = torch.stack([torch.isnan(senior_lp).any(), torch.isnan(junior_lp).any()])
     mixed, kept = truncate_with_kept_mass(mixed, settings.top_k, settings.top_p, settings.min_p)
     if kept is not None:  # + log Z_t: the senior's term over the whole vocabulary (side_records)
         records["corrections"] = records["corrections"] + kept if "corrections" in records else kept
+    if inside is not None:
+        corrections, handovers = add_vocabulary_mass(inside, into_senior, records.get("corrections"),
+                                                     records.get("handovers"))  # fmt: skip
+        records["corrections"] = corrections
+        if handovers is not None:
+            records["handovers"] = handovers
     return mixed, records, nonfinite
 
 
@@ -163,6 +173,7 @@ def _whole_unit_records(senior_lp, junior_lp, state: HandoffState, boundary: tor
     return {
         "corrections": torch.where(into_senior & torch.isfinite(junior_b), -junior_b, torch.zeros_like(junior_b)),
         "handovers": torch.where(switching & ~into_senior, senior_b, torch.full_like(senior_b, math.nan)),
+        "into_senior": into_senior,  # where log M cancels (popped by mix, not a record)
     }
 
 

@@ -18,6 +18,11 @@ mixture mass the truncation kept (1 without truncation). The records
 - ``handovers[t]``: ``log p_s(B)`` where the unit may pass from the senior to the junior at ``t`` (``whole_unit``
   only): the senior's whole term when the junior's token is drawn there, untruncated. ``NaN`` elsewhere.
 
+Both models are cut to the tokenizer's ``V`` ids before mixing, while the trainer normalizes the senior over all of
+its logits columns; for a checkpoint padded past the tokenizer both records also carry ``log M``, the mass the
+senior's full distribution puts on the ``V`` ids ([`vocabulary_mass`][tandem_grpo.sampling.vocabulary_mass];
+``M`` cancels where the senior takes a unit over, whose term is a ratio of two of its probabilities).
+
 A record lives here, on the host, from a request's first step until it is popped; while its request is in a
 processor's batch, the processor's [`LiveRecords`][tandem_grpo.vllm.side_records.LiveRecords] hold the live copy (the
 runners differ only in which request a row of those tensors holds: V1, a batch row; V2, a vLLM request slot).
@@ -49,6 +54,15 @@ readers and writers."""
 POSITION_RECORDS = {"corrections": 0.0, "handovers": math.nan}
 """The per-position float records (module docstring) and the value of a position that has none: the attributes of
 [`Record`][tandem_grpo.vllm.side_records.Record] and the keys of what [`mix`][tandem_grpo.vllm.mixing.mix] returns."""
+
+
+def add_vocabulary_mass(inside: torch.Tensor, into_senior: torch.Tensor | None, corrections, handovers):
+    """The records of one step with ``log M`` (``inside``, ``[g]``) added: to ``corrections`` except where the senior
+    takes a unit over (``into_senior``, ``[g]`` bool, or ``None`` under ``after_boundary``), and to ``handovers``
+    (either may be ``None``: none written yet)."""
+    add = inside if into_senior is None else torch.where(into_senior, torch.zeros_like(inside), inside)
+    corrections = add if corrections is None else corrections + add
+    return corrections, None if handovers is None else handovers + inside
 
 
 def pack_state(state: HandoffState) -> torch.Tensor:
