@@ -73,6 +73,8 @@ def _generation(monkeypatch, engine: _Engine, sleep: bool) -> TandemVLLMGenerati
             return set(names)
 
     generation.engine_model = lambda: _Model()
+    generation._checks_due = False
+    generation.sync_checks = lambda: engine.calls.append(("sync_checks",))  # the engine check after each sync
     return generation
 
 
@@ -106,8 +108,8 @@ def test_a_sleeping_engine_is_resynced_woken_and_put_back_to_sleep_around_genera
     generation._generate_colocate = lambda prompts, seeds, sampling: engine.calls.append(("generate",)) or "rollout"
     assert generation.generate_tandem([[1, 2]], 1, [7]) == "rollout"
     assert [c[0] for c in engine.calls] == [
-        "wake_up", "reload_senior", "reset_prefix_cache", "wake_up", "generate", "sleep",
-    ]  # fmt: skip
+        "wake_up", "reload_senior", "reset_prefix_cache", "wake_up", "sync_checks", "generate", "sleep",
+    ]  # fmt: skip: the checks read the woken engine, after the sync and before the generation
     assert engine.calls[3] == ("wake_up", ("kv_cache",)) and engine.calls[-1] == ("sleep", 2)
     assert generation._llm_weights_sleeping is True
 

@@ -45,7 +45,7 @@ from tandem_grpo.models import resolve_model_path
 from tandem_grpo.trainer import TandemGRPOTrainer
 from tandem_grpo.vllm.trl_generation import SeniorVLLMGeneration, TandemVLLMGeneration, use_tandem_vllm
 
-mode, output_dir, base_url, arm = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
+mode, output_dir, base_url, arm, junior = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5] or None
 cpu = not torch.cuda.is_available()
 path = resolve_model_path("HuggingFaceTB/SmolLM2-135M-Instruct")
 pairs = [(3, 4), (12, 30), (7, 8), (21, 5), (9, 9), (40, 2), (6, 13), (11, 11)]
@@ -67,7 +67,7 @@ args = TandemGRPOConfig(
     max_completion_length=12, learning_rate=1e-5, logging_steps=1, report_to=[], save_strategy="no", seed=0,
     use_vllm=True, vllm_mode=mode, vllm_gpu_memory_utilization=0.2, vllm_max_model_length=512,
     vllm_server_base_url=base_url if mode == "server" else None, vllm_server_timeout=60,
-    junior_probability=0.5, handoff_granularity="word", use_cpu=cpu,
+    junior_probability=0.5, handoff_granularity="word", use_cpu=cpu, junior_model_name_or_path=junior,
     **({"kl_to_junior": True, "beta": 1e-3} if arm == "kl_to_junior" else {}),
 )
 model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32 if cpu else "auto")
@@ -110,11 +110,11 @@ print("RESULT " + json.dumps(result), flush=True)
 """
 
 
-def _train(tmp_path, mode: str, base_url: str = "", arm: str = "tandem") -> dict:
+def _train(tmp_path, mode: str, base_url: str = "", arm: str = "tandem", junior: str = "") -> dict:
     script = tmp_path / "train.py"
     script.write_text(TRAIN_SCRIPT)
     proc = subprocess.run(
-        [sys.executable, str(script), mode, str(tmp_path / "out"), base_url, arm],
+        [sys.executable, str(script), mode, str(tmp_path / "out"), base_url, arm, junior],
         capture_output=True,
         text=True,
         timeout=1500,
@@ -249,8 +249,9 @@ def test_server_weight_sync_reaches_the_senior_only(server, prompt_ids):
     assert diff(before[0], first_token_logprobs(False)) < 1e-4
 
 
-def test_two_training_steps_in_server_mode(server, tmp_path):
-    _check_two_steps(_train(tmp_path, "server", server)["log_history"])
+def test_two_training_steps_in_server_mode(server, junior_path, tmp_path):
+    # The server's junior is junior_path: the trainer names it (a trainer that does not is refused at start-up).
+    _check_two_steps(_train(tmp_path, "server", server, junior=junior_path)["log_history"])
 
 
 def test_two_training_steps_in_colocate_mode(tmp_path):
