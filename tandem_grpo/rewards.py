@@ -339,16 +339,14 @@ def _count(name: str) -> None:
 
 def _resolve_timeout(verify_timeout: float | None) -> float:
     source = "verify_timeout"
-    if verify_timeout is None:
-        env = os.environ.get(TIMEOUT_ENV_VAR)
-        if env:
-            source = f"${TIMEOUT_ENV_VAR}"
-            try:
-                verify_timeout = float(env)
-            except ValueError:
-                raise ValueError(f"{source} must be a number of seconds, got {env!r}.") from None
-        else:
-            source, verify_timeout = "tandem_grpo.rewards.VERIFY_TIMEOUT_S", VERIFY_TIMEOUT_S
+    if verify_timeout is None and (env := os.environ.get(TIMEOUT_ENV_VAR)):
+        source = f"${TIMEOUT_ENV_VAR}"
+        try:
+            verify_timeout = float(env)
+        except ValueError:
+            raise ValueError(f"{source} must be a number of seconds, got {env!r}.") from None
+    elif verify_timeout is None:
+        source, verify_timeout = "tandem_grpo.rewards.VERIFY_TIMEOUT_S", VERIFY_TIMEOUT_S
     if isinstance(verify_timeout, bool) or not isinstance(verify_timeout, (int, float)):
         raise ValueError(f"{source} must be a number of seconds, got {verify_timeout!r}.")
     if not (verify_timeout > 0 and math.isfinite(verify_timeout)):
