@@ -14,7 +14,8 @@ Three checks, each one exact comparison of numbers both sides already have:
    [`tandem_grpo.vllm.side_records`][tandem_grpo.vllm.side_records]), and the transformers loop keeps the senior's
    own log-probability of each token it draws. Senior-only rollouts from TRL's vLLM engine carry vLLM's log-probs of
    the truncated distribution, comparable only without truncation. Penalties (repetition, frequency, presence) change
-   the sampling distribution and not the loss's, so with them the figure is not computed (a note says so once).
+   the sampling distribution and not the loss's, and dropout the loss's and not the rollout's, so with either the
+   figure is not computed (a warning says so at start-up).
 2. **The junior** (tandem vLLM engine, colocate or server): at start-up, the engine's junior on a probe sequence
    ([`tandem_grpo.vllm.checks`][tandem_grpo.vllm.checks]) against the trainer's model as built (self-pairing: the
    junior is that model); after every weight sync, against its own values at start-up. One prefill of 12 tokens.
@@ -32,7 +33,7 @@ import logging
 
 import torch
 
-from .junior import probe_ids, probe_logits
+from .junior import is_zero3, probe_ids, probe_logits
 
 logger = logging.getLogger(__name__)
 
@@ -76,6 +77,20 @@ def reference_logprobs(model, ids: list[int]) -> list[float]:
     return torch.log_softmax(logits, dim=-1).gather(1, targets)[:, 0].tolist()
 
 
+def active_dropout(model: torch.nn.Module) -> str:
+    """The dropout that is on in ``model`` in training, named (``""`` when none): ``torch.nn.Dropout`` modules with
+    ``p > 0`` (LoRA's ``lora_dropout`` included; TRL's ``disable_dropout=True`` zeroes them) and attention modules'
+    ``attention_dropout`` (transformers reads it from the config at load time; TRL leaves it)."""
+    rates = sorted({m.p for m in model.modules() if isinstance(m, torch.nn.Dropout) and m.p > 0})
+    attention = {getattr(m, "attention_dropout", None) for m in model.modules()}
+    attention = sorted(p for p in attention if isinstance(p, float) and p > 0)
+    found = [f"Dropout p={', '.join(f'{p:g}' for p in rates)}: set disable_dropout=True"] if rates else []
+    if attention:
+        found.append(f"attention_dropout={', '.join(f'{p:g}' for p in attention)}: load the model with "
+                     "attention_dropout=0.0")  # fmt: skip
+    return "; ".join(found)
+
+
 class EngineCheck:
     """The checks of one [`TandemGRPOTrainer`][tandem_grpo.trainer.TandemGRPOTrainer] (module docstring).
 
@@ -95,6 +110,7 @@ class EngineCheck:
         self.figure_off = self._why_not_exact()
         self.due = False
         self.warned = False
+        self.unchecked_warned = False
 
     def _dtype(self) -> torch.dtype:
         args = self.trainer.args
@@ -110,14 +126,20 @@ class EngineCheck:
         return coarser[0] if coarser else torch.float32
 
     def _why_not_exact(self) -> str | None:
-        """Why the rollout's log-probs cannot equal the loss's (penalties, or vLLM's own truncation), else None."""
+        """Why the rollout's log-probs cannot equal the loss's (penalties, dropout, or vLLM's own truncation), else
+        None."""
         trainer, extra = self.trainer, dict(self.trainer.args.generation_kwargs or {})
         penalties = {"repetition_penalty": trainer.repetition_penalty, **extra}
         on = [name for name in ("repetition_penalty", "frequency_penalty", "presence_penalty")
               if penalties.get(name) not in (None, 0, 0.0, 1, 1.0)]  # fmt: skip
         if on:
             return f"{', '.join(on)} change the sampling distribution and not the loss's"
-        truncating = trainer.top_k or (trainer.top_p or 1.0) < 1.0 or trainer.min_p
+        dropout = active_dropout(trainer.model)
+        if dropout:
+            return f"dropout is on in training and off in the rollout, so the loss's log-probs are noisy ({dropout})"
+        # TRL's vLLM path applies generation_kwargs over the trainer's own settings.
+        settings = {"top_k": trainer.top_k, "top_p": trainer.top_p, "min_p": trainer.min_p, **extra}
+        truncating = settings["top_k"] or (settings["top_p"] or 1.0) < 1.0 or settings["min_p"]
         if self.generation is not None and not self.tandem and truncating:
             return "TRL's vLLM engine reports log-probs of the truncated distribution (top_k, top_p or min_p)"
         return None
@@ -132,14 +154,22 @@ class EngineCheck:
         if self.mode == "off":
             return
         if self.figure_off:
-            logger.info("engine_check: the per-step figure is off: %s.", self.figure_off)
+            logger.warning("engine_check: the per-step figure is not computed: %s. See %s.", self.figure_off, DOCS)
         if self.generation is None:
             return
         self.generation.sync_checks = lambda **kwargs: self.on_main(lambda engine: self.after_sync(engine, **kwargs))
         if not self.tandem:
             return
-        self_paired = self.trainer.args.junior_model_name_or_path is None
-        reference = reference_logprobs(self.trainer.model, self.ids) if self_paired else None  # every rank
+        trainer = self.trainer
+        reference = None
+        if trainer.args.junior_model_name_or_path is None:
+            if is_zero3(trainer) or trainer.is_fsdp_enabled:
+                # No rank holds the whole model before training (ZeRO-3 shards, FSDP's cpu_ram_efficient_loading);
+                # a partitioned forward is a collective. The junior is still checked against itself after syncs.
+                logger.info("engine_check: the junior's start-up comparison with the trainer's model is skipped "
+                            "under ZeRO-3 and FSDP (no rank holds the whole model before training).")  # fmt: skip
+            else:
+                reference = reference_logprobs(trainer.model, self.ids)  # every rank
         self.on_main(lambda engine: self._first_junior_probe(engine, reference))
 
     def _first_junior_probe(self, engine, reference) -> None:
@@ -172,8 +202,8 @@ class EngineCheck:
         if self.trainer.accelerator.is_main_process:
             try:
                 check(generation.vllm_client)
-            except RuntimeError as err:
-                error[0] = str(err)
+            except Exception as err:  # any failure (a refused request, a timeout) must reach every rank, or they hang
+                error[0] = str(err) if isinstance(err, RuntimeError) else f"{type(err).__name__}: {err}"
         broadcast_object_list(error, from_process=0)
         if error[0]:
             raise RuntimeError(error[0])
@@ -205,7 +235,7 @@ class EngineCheck:
         """
         from .vllm.checks import probe_logprobs, sync_coverage, uncovered
 
-        step = self.trainer.state.global_step
+        step = self.trainer.state.global_step + 1  # the sync precedes this step's generation
         missing = uncovered(model, loaded) if loaded is not None else sync_coverage(engine)
         if missing:
             shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
@@ -244,6 +274,10 @@ class EngineCheck:
         self.due = False
         rollout = inputs.get("sampling_per_token_logps")
         if not isinstance(rollout, torch.Tensor) or rollout.shape != logps.shape:
+            if not self.unchecked_warned:
+                self.unchecked_warned = True
+                logger.warning("engine_check: the rollout carries no log-probs of its tokens (TRL's own "
+                               "transformers generation returns none): no per-step figure.")  # fmt: skip
             return
         diff = (rollout.float() - logps.detach().float()).abs()
         where = keep & torch.isfinite(diff)

@@ -77,3 +77,12 @@ def test_check_fails_on_a_broken_engine(tmp_path_factory, monkeypatch, capfd):
     assert lines["summary"]["failed"] == ["senior_after_sync", "rollouts", "junior_after_sync"], lines
     assert lines["engine"]["ok"] and lines["sync"]["ok"] and lines["senior_start"]["ok"]
     assert "stale" in lines["senior_after_sync"]["cause"] and lines["senior_after_sync"]["max"] > 1e-2
+
+
+def test_flags_take_underscores_as_vllm_serves_do():
+    from tandem_grpo.vllm.check_command import _parser
+
+    args = _parser().parse_args(["--model", "m", "--junior_model", "j", "--gpu_memory_utilization", "0.5",
+                                 "--max-model-len", "64", "--enforce_eager"])  # fmt: skip
+    assert (args.junior_model, args.gpu_memory_utilization, args.max_model_len) == ("j", 0.5, 64)
+    assert args.enforce_eager

@@ -36,6 +36,10 @@ LEVERS: dict[str, dict] = {
         "label": "budget: tandem on 4 prompts x 8 a step, as many senior tokens as GRPO's 2 x 8",
         "grpo_from": "results/map/fixed-head",
     },
+    "competent-junior": {
+        "results_dir": "results/map/chain2-small",
+        "label": "competent junior: chain2_small (smaller numbers), where the base, and so the junior, solves more",
+    },
 }
 """The levers of the map, in the order shown: name -> the study folder (``results_dir``), what it changes (``label``)
 and, for a lever that trains tandem alone, the folder whose GRPO it is read against (``grpo_from``; its base piece is

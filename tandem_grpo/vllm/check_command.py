@@ -52,24 +52,24 @@ CAUSES = {
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="tandem-grpo check", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help="The senior: a folder or hub id.")
-    parser.add_argument("--junior-model", default=None, help="The junior; default: self-pairing.")
-    parser.add_argument(
-        "--dtype",
-        default="auto",
-        choices=("auto", "float32", "bfloat16", "float16"),
-        help="Engine and transformers dtype (auto: bfloat16 on CUDA, else float32).",
-    )
-    parser.add_argument("--server", default=None, help="URL of a running `tandem-grpo vllm-serve` (server mode).")
-    parser.add_argument("--sleep", action="store_true", help="Colocate with sleep mode; check a sleep/wake cycle.")
-    parser.add_argument("--async-scheduling", action="store_true", help="Ask for async scheduling (V2 runner).")
-    parser.add_argument("--enforce-eager", action="store_true", help="No compilation (faster start on a CPU).")
-    parser.add_argument("--gpu-memory-utilization", type=float, default=0.3)
-    parser.add_argument("--max-model-len", type=int, default=512)
-    parser.add_argument("--sequences", type=int, default=8, help="Rollouts and speed requests (default 8).")
-    parser.add_argument("--tokens", type=int, default=32, help="Tokens per rollout and speed request (default 32).")
-    parser.add_argument("--tolerance", type=float, default=None, help="Mean |Δ| in nats; default: by dtype.")
-    parser.add_argument("--seed", type=int, default=0)
+
+    def add(flag: str, **kwargs) -> None:  # a flag of several words also takes underscores, as vllm-serve's do
+        parser.add_argument(*dict.fromkeys((flag, "--" + flag[2:].replace("-", "_"))), **kwargs)
+
+    add("--model", required=True, help="The senior: a folder or hub id.")
+    add("--junior-model", default=None, help="The junior; default: self-pairing.")
+    add("--dtype", default="auto", choices=("auto", "float32", "bfloat16", "float16"),
+        help="Engine and transformers dtype (auto: bfloat16 on CUDA, else float32).")  # fmt: skip
+    add("--server", default=None, help="URL of a running `tandem-grpo vllm-serve` (server mode).")
+    add("--sleep", action="store_true", help="Colocate with sleep mode; check a sleep/wake cycle.")
+    add("--async-scheduling", action="store_true", help="Ask for async scheduling (V2 runner).")
+    add("--enforce-eager", action="store_true", help="No compilation (faster start on a CPU).")
+    add("--gpu-memory-utilization", type=float, default=0.3)
+    add("--max-model-len", type=int, default=512)
+    add("--sequences", type=int, default=8, help="Rollouts and speed requests (default 8).")
+    add("--tokens", type=int, default=32, help="Tokens per rollout and speed request (default 32).")
+    add("--tolerance", type=float, default=None, help="Mean |Δ| in nats; default: by dtype.")
+    add("--seed", type=int, default=0)
     return parser
 
 

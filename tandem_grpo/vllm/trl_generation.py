@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import logging
 import urllib.parse
 from collections.abc import Iterator
 
@@ -54,6 +55,14 @@ try:  # TRL imports vLLM lazily; the module itself imports without it.
 except ImportError:  # pragma: no cover - TRL is a hard dependency of the package
     _trl_vllm_generation = None
     VLLMGeneration = object
+
+logger = logging.getLogger(__name__)
+
+
+def _resolved(name: str) -> str:
+    from ..models import resolve_model_path
+
+    return resolve_model_path(name)
 
 
 @contextlib.contextmanager
@@ -141,11 +150,9 @@ class TandemVLLMGeneration(VLLMGeneration):
                 check_sleep_preservation()
             if self.model_impl == "transformers":
                 raise NotImplementedError("vllm_model_impl='transformers' cannot host the tandem model; use 'vllm'.")
-            from ..models import resolve_model_path
-
             extra = engine_kwargs(
                 self.model.name_or_path,
-                resolve_model_path(self.junior_model) if self.junior_model else None,
+                _resolved(self.junior_model) if self.junior_model else None,
                 eos_token_ids=self._eos_token_ids(),
                 trust_remote_code=self.trust_remote_code,
                 options=self.llm_kwargs,
@@ -167,12 +174,20 @@ class TandemVLLMGeneration(VLLMGeneration):
                 super()._init_vllm()
             if self.accelerator.is_main_process:
                 info = self.vllm_client.check_tandem()
-                if (self.junior_model is None) != (info.get("junior_path") is None):
+                served = info.get("junior_path")
+                if (self.junior_model is None) != (served is None):
                     raise RuntimeError(
                         f"junior_model_name_or_path={self.junior_model!r} but the server's junior is "
-                        f"{info.get('junior_path') or 'a copy of its senior'}: the server's junior is the one that "
-                        f"would co-generate. Restart the server with `{hint}`."
+                        f"{served or 'a copy of its senior'}: the server's junior is the one that would co-generate. "
+                        f"Restart the server with `{hint}`."
                     )
+                if self.junior_model is not None and served != _resolved(self.junior_model):
+                    # Another folder may hold the same weights (a server on another machine): said, not refused.
+                    logger.warning(
+                        "junior_model_name_or_path=%r resolves to %s here; the server's junior was loaded from %s. "
+                        "If these are not the same weights, restart the server with `%s`.",
+                        self.junior_model, _resolved(self.junior_model), served, hint,
+                    )  # fmt: skip
         else:
             super()._init_vllm()  # raises TRL's error for an unknown mode
 
