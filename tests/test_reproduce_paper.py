@@ -1188,3 +1188,20 @@ def test_a_curve_segment_saves_at_every_curve_step_and_stops_at_its_own():
     assert run(SaveAndStopAt((30, 60, 90), 90), range(1, 91)) == [(30, True, False), (60, True, False),
                                                                   (90, True, True)]  # fmt: skip
     assert run(SaveAndStopAt((30, 60, 90), 30), range(1, 31)) == [(30, True, True)]
+
+
+def test_a_segment_saves_resume_points_and_they_are_pruned_once_replaced(tmp_path):
+    """Between curve steps a segment saves every RESUME_EVERY steps, so a sitting that ends loses at most that many
+    steps; a resume point is deleted once a later checkpoint is complete, never a curve step's."""
+    from paper_study.curves import RESUME_EVERY, prune_resume_points, save_points
+
+    assert RESUME_EVERY == 10
+    assert save_points((30, 60, 90), 30) == (10, 20, 30, 60, 90)
+    assert save_points((30, 60, 90), 60) == (10, 20, 30, 40, 50, 60, 90)
+    for step in (10, 20, 30, 40, 45):
+        folder = tmp_path / f"checkpoint-{step}"
+        folder.mkdir()
+        if step != 45:  # 45: a save the sitting's end interrupted, incomplete
+            (folder / "trainer_state.json").write_text(json.dumps({"global_step": step}))
+    prune_resume_points(tmp_path, (30, 60, 90))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["checkpoint-30", "checkpoint-40", "checkpoint-45"]

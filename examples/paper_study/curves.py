@@ -4,8 +4,9 @@ schedule over all of them, its senior saved at every curve step and sampled alon
 Each point is a piece of its own, ``<results_dir>/curves/seed-<s>/<arm>/step-<n>/`` (the evaluation's
 ``results.json`` and samples, ``training_curves.png`` up to that step, ``piece.json`` last), committed when it
 finishes. Training runs in segments, one per point: a segment resumes from the last complete checkpoint in the arm's
-weights folder (``<output_dir>/curves/seed-<s>/<arm>``) and stops at the next curve step, so a sitting that ends
-loses at most the segment it was in. ``curves.json``, ``curves.md`` and ``curves.png`` in ``<results_dir>/curves``
+weights folder (``<output_dir>/curves/seed-<s>/<arm>``) and stops at the next curve step; on the way it saves a resume
+point every ``RESUME_EVERY`` steps (deleted once a later checkpoint is complete), so a sitting that ends loses at most
+that many steps of training. ``curves.json``, ``curves.md`` and ``curves.png`` in ``<results_dir>/curves``
 read every committed point: each arm's gain over the base against the step, and tandem minus GRPO at each step.
 """
 
@@ -27,6 +28,8 @@ from .plan import ARMS, LABELS, PIECE_FILE, Plan, prompts_per_step
 CURVES_DIR = "curves"
 CURVE_ARMS = ("grpo", "tandem")
 """The arms a learning curve is drawn for (KL-to-junior and the controls are read at 30 steps, on the map)."""
+RESUME_EVERY = 10
+"""Steps between a segment's resume points (a complete checkpoint each: weights, optimizer, RNG states)."""
 
 
 class SaveAndStopAt(TrainerCallback):
@@ -46,6 +49,22 @@ class SaveAndStopAt(TrainerCallback):
 
 def curve_steps_of(plan: Plan) -> tuple[int, ...]:
     return tuple(plan.study.curve_steps)
+
+
+def save_points(curve_steps: tuple[int, ...], stop_at: int) -> tuple[int, ...]:
+    """The steps a segment ending at ``stop_at`` saves at: every curve step and every ``RESUME_EVERY``-th step."""
+    return tuple(sorted({*curve_steps, *range(RESUME_EVERY, stop_at + 1, RESUME_EVERY)}))
+
+
+def prune_resume_points(weights: Path, curve_steps: tuple[int, ...]) -> None:
+    """Delete the checkpoints in ``weights`` that are neither a curve step's nor the last complete one (resume points
+    a later checkpoint has replaced; ~1.6 GB each for SmolLM2-135M with its optimizer)."""
+    last = last_complete_checkpoint(weights)
+    if last is None:
+        return
+    for path in weights.glob("checkpoint-*"):
+        if checkpoint_step(path) not in curve_steps and checkpoint_step(path) < checkpoint_step(last):
+            shutil.rmtree(path)
 
 
 def point_dir(plan: Plan, seed: int, arm: str, step: int) -> Path:
@@ -129,7 +148,8 @@ def run_point(plan: Plan, seed: int, arm: str, step: int) -> Path | None:
         started = time.perf_counter()
         _in_fresh_process(train_arm, config, plan.study.model_name_or_path, plan.study.dtype, plan.train_dataset,
                           plan.study.cpu_threads, plan.study.lora_r, False, plan.study.answer,
-                          curve_steps_of(plan), step, resume)  # fmt: skip
+                          save_points(curve_steps_of(plan), step), step, resume)  # fmt: skip
+        prune_resume_points(weights, curve_steps_of(plan))
         point["wall_seconds"]["training"] = time.perf_counter() - started
         point["trained_steps"] = [start + 1, step]
         point["resumed_from"] = None if resume is None else Path(resume).name

@@ -48,11 +48,11 @@ def train_arm(
     (``plan.CONTROLS``, :func:`keep_junior_live`); ``answer``: ``"stated"`` rewards with
     ``stated_accuracy_reward`` (``--answer``).
 
-    A segment of a learning curve (``paper_study.curves``) passes ``save_at``, the curve steps, and ``stop_at``, the
-    step it ends at: the trainer, resumed from ``resume_from`` (a checkpoint of the same training, or None to
-    start), saves a complete ``checkpoint-<step>`` (weights, optimizer, scheduler, RNG states) at each curve step it
-    passes and stops at ``stop_at``; nothing else is saved (the checkpoint is the segment's product), and the
-    learning-rate schedule stays the whole ``max_steps``'."""
+    A segment of a learning curve (``paper_study.curves``) passes ``save_at``, the curve steps and resume points
+    (``curves.save_points``), and ``stop_at``, the step it ends at: the trainer, resumed from ``resume_from`` (a
+    checkpoint of the same training, or None to start), saves a complete ``checkpoint-<step>`` (weights, optimizer,
+    scheduler, RNG states) at each of them it passes and stops at ``stop_at``; nothing else is saved (the checkpoint
+    is the segment's product), and the learning-rate schedule stays the whole ``max_steps``'."""
     import torch
 
     from tandem_grpo import TandemGRPOTrainer
