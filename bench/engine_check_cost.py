@@ -28,6 +28,7 @@ import platform
 import sys
 import time
 from collections import defaultdict
+from pathlib import Path
 
 TIMES: dict[str, float] = defaultdict(float)
 
@@ -121,6 +122,8 @@ def main(argv: list[str] | None = None) -> int:
 
     trainer.add_callback(StepTimes())
     trainer.train()
+    # The run's whole log history beside the lines below: the figures as training logged them.
+    Path(args.output_dir, "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     steps = [entry for entry in trainer.state.log_history if "step_time" in entry]
     ratios = []
     for entry, times in zip(steps, per_step, strict=False):
