@@ -123,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     trainer.add_callback(StepTimes())
     trainer.train()
     # The run's whole log history beside the lines below: the figures as training logged them.
+    Path(args.output_dir).mkdir(parents=True, exist_ok=True)
     Path(args.output_dir, "log_history.json").write_text(json.dumps(trainer.state.log_history, indent=1))
     steps = [entry for entry in trainer.state.log_history if "step_time" in entry]
     ratios = []
