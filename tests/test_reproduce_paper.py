@@ -467,7 +467,7 @@ def test_bad_flags_give_one_error_line(study, argv, expected, capsys, no_model_l
 
 @pytest.mark.parametrize(
     "argv, expected",
-    [([], "use_vllm=True needs vLLM, which is not installed"),  # TandemGRPOConfig's own check, at parsing
+    [([], "--use_vllm (the preset's rollouts): vLLM is not installed"),
      (["--use_vllm", "false"], "--eval_backend vllm: vLLM is not installed")],
 )  # fmt: skip
 def test_missing_vllm_is_named_before_training(study, tiny_base, tmp_path, monkeypatch, capsys, argv, expected):
