@@ -59,12 +59,6 @@ except ImportError:  # pragma: no cover - TRL is a hard dependency of the packag
 logger = logging.getLogger(__name__)
 
 
-def _resolved(name: str) -> str:
-    from ..models import resolve_model_path
-
-    return resolve_model_path(name)
-
-
 @contextlib.contextmanager
 def _swap_attr(module, name: str, value) -> Iterator[None]:
     if not hasattr(module, name):
@@ -150,9 +144,11 @@ class TandemVLLMGeneration(VLLMGeneration):
                 check_sleep_preservation()
             if self.model_impl == "transformers":
                 raise NotImplementedError("vllm_model_impl='transformers' cannot host the tandem model; use 'vllm'.")
+            from ..models import resolve_model_path
+
             extra = engine_kwargs(
                 self.model.name_or_path,
-                _resolved(self.junior_model) if self.junior_model else None,
+                resolve_model_path(self.junior_model) if self.junior_model else None,
                 eos_token_ids=self._eos_token_ids(),
                 trust_remote_code=self.trust_remote_code,
                 options=self.llm_kwargs,
@@ -181,12 +177,15 @@ class TandemVLLMGeneration(VLLMGeneration):
                         f"{served or 'a copy of its senior'}: the server's junior is the one that would co-generate. "
                         f"Restart the server with `{hint}`."
                     )
-                if self.junior_model is not None and served != _resolved(self.junior_model):
+                from ..models import resolve_model_path
+
+                named = resolve_model_path(self.junior_model) if self.junior_model is not None else None
+                if named is not None and served != named:
                     # Another folder may hold the same weights (a server on another machine): said, not refused.
                     logger.warning(
                         "junior_model_name_or_path=%r resolves to %s here; the server's junior was loaded from %s. "
                         "If these are not the same weights, restart the server with `%s`.",
-                        self.junior_model, _resolved(self.junior_model), served, hint,
+                        self.junior_model, named, served, hint,
                     )  # fmt: skip
         else:
             super()._init_vllm()  # raises TRL's error for an unknown mode
